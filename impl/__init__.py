@@ -1,0 +1,2 @@
+"""kvgate's system under test: the offloading manager, its policies, the copy worker and the
+scheduler driver."""

@@ -1,0 +1,43 @@
+"""Hypothesis settings profiles: ``dev``, ``ci`` and ``thorough``."""
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+
+_COMMON = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                           HealthCheck.data_too_large],
+    stateful_step_count=30,
+)
+
+settings.register_profile("dev", max_examples=200, **_COMMON)
+settings.register_profile(
+    "ci", max_examples=150, derandomize=True, database=None, print_blob=False, **_COMMON
+)
+settings.register_profile(
+    "thorough",
+    max_examples=2000,
+    **{**_COMMON, "stateful_step_count": 50},
+)
+PROFILES = ("dev", "ci", "thorough")
+
+
+def default_profile() -> str:
+    """``HYPOTHESIS_PROFILE`` if set, else ``ci`` when ``CI`` is set, else ``dev``."""
+    name = os.environ.get("HYPOTHESIS_PROFILE")
+    if name:
+        if name not in PROFILES:
+            raise ValueError(f"HYPOTHESIS_PROFILE={name!r} is not one of {PROFILES}")
+        return name
+    return "ci" if os.environ.get("CI") else "dev"
+
+
+def load_profile(name: str | None = None) -> str:
+    name = name or default_profile()
+    settings.load_profile(name)
+    return name
+
+
+__all__ = ["PROFILES", "default_profile", "load_profile", "Phase"]
