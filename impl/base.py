@@ -115,3 +115,7 @@ class Stats:
         if self.stores_skipped is not None:
             out[STORES_SKIPPED] = self.stores_skipped
         return out
+
+
+class OffloadProtocolError(ValueError):
+    """A call that breaks the manager's protocol (SPEC section 8); the manager is unchanged."""

@@ -1,0 +1,90 @@
+"""The admission tracker: SPEC section 3, rules A2 to A6.
+
+``AdmissionTracker`` holds key -> count in recency order (least recent first), at most
+``max_size`` keys. ``admit`` records one offer for one request and says which absent keys pass
+the threshold. The per-request records (``counted``, ``skipped``) belong to the caller: the
+manager keeps them in the request's context, per generation.
+
+``admission_step`` is the same step as a pure function of plain values, for CrossHair's
+``diffbehavior`` against the model.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+
+class AdmissionTracker:
+    def __init__(self, threshold: int, max_size: int):
+        self.threshold = threshold
+        self.max_size = max_size
+        self.counts: OrderedDict[bytes, int] = OrderedDict()
+
+    def count(self, key: bytes) -> int:
+        return self.counts.get(key, 0)
+
+    def passes(self, count: int) -> bool:
+        return count >= self.threshold
+
+    def record(self, offer: Sequence[bytes], counted: set[bytes]) -> None:
+        """A2 and A4: ``offer`` is deduplicated; ``counted`` is this request's record."""
+        for key in offer:  # tracked keys first: count once per request, refresh always
+            if key in self.counts:
+                if key not in counted:
+                    counted.add(key)
+                    self.counts[key] += 1
+                self.counts.move_to_end(key)
+        protected = None
+        for key in offer:  # then untracked keys this request has not counted, in order
+            if key in self.counts or key in counted:
+                continue
+            counted.add(key)
+            if len(self.counts) >= self.max_size:
+                protected = protected or set(offer)
+                if not self._make_room(protected):
+                    continue
+            self.counts[key] = 1
+
+    def _make_room(self, protected: set[bytes]) -> bool:
+        """Push out the least recent key outside the offer; False if every key is in it."""
+        # Every key of the offer that is tracked sits at the recent end by now, so the
+        # least recent key is unprotected unless all of them are.
+        oldest = next(iter(self.counts))
+        if oldest in protected:
+            return False
+        del self.counts[oldest]
+        return True
+
+    def admit(self, offer: Sequence[bytes], counted: set[bytes], skipped: set[bytes],
+              is_resident: Callable[[bytes], bool]) -> tuple[list[bytes], int]:
+        """Record ``offer`` and filter its absent keys: (admitted keys, new skips). A5, A6."""
+        self.record(offer, counted)
+        admitted: list[bytes] = []
+        new_skips = 0
+        for key in offer:
+            if is_resident(key):
+                continue
+            if self.passes(self.count(key)):
+                admitted.append(key)
+            elif key not in skipped:
+                skipped.add(key)
+                new_skips += 1
+        return admitted, new_skips
+
+    def clear(self) -> None:
+        self.counts.clear()
+
+
+def admission_step(tracker: tuple[tuple[bytes, int], ...], counted: frozenset[bytes],
+                   skipped: frozenset[bytes], offer: tuple[bytes, ...],
+                   resident: frozenset[bytes], threshold: int, max_tracker_size: int):
+    """Pure form of one offer's admission; same signature and results as the model's."""
+    offer_keys = list(dict.fromkeys(offer))
+    if threshold < 2:
+        admitted = tuple(k for k in offer_keys if k not in resident)
+        return tracker, counted, skipped, admitted, 0
+    t = AdmissionTracker(threshold, max_tracker_size)
+    t.counts.update(tracker)
+    c, s = set(counted), set(skipped)
+    admitted, new_skips = t.admit(offer_keys, c, s, resident.__contains__)
+    return tuple(t.counts.items()), frozenset(c), frozenset(s), tuple(admitted), new_skips
