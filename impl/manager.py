@@ -139,7 +139,7 @@ class OffloadingManager:
         self._policy.touch(_check_keys(keys), self._is_ready)
 
     def prepare_store(self, keys: Iterable[bytes], ctx: ReqContext) -> PrepareStoreOutput | None:
-        offer = list(dict.fromkeys(_check_keys(keys)))
+        offer = self._dedupe(_check_keys(keys))
         if not callable(getattr(ctx, "get_state", None)):
             raise TypeError(f"prepare_store needs a request context, got {ctx!r}")
         rec = self._record(ctx)
@@ -168,6 +168,11 @@ class OffloadingManager:
         self._num_pending += len(admitted)
         return PrepareStoreOutput(admitted, chunk_ids, victims)
 
+    @staticmethod
+    def _dedupe(keys: list[bytes]) -> list[bytes]:
+        """A key repeated inside one offer is one offer of it."""
+        return list(dict.fromkeys(keys))
+
     def _choose_victims(self, need: int, offer: Sequence[bytes]) -> list[bytes] | None:
         if need <= 0:
             return []
@@ -191,10 +196,13 @@ class OffloadingManager:
             if success:
                 self._ref[key] = 0
             else:
-                del self._ref[key]
-                self._policy.remove(key)
-                self._pool.release(self._chunk.pop(key))
+                self._drop_failed(key)
         self._emit(pending, removed=not success, metadata_only=not success)
+
+    def _drop_failed(self, key: bytes) -> None:
+        del self._ref[key]
+        self._policy.remove(key)
+        self._pool.release(self._chunk.pop(key))
 
     def reset_cache(self) -> None:
         self._policy.clear()

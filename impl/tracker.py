@@ -30,20 +30,23 @@ class AdmissionTracker:
         """A2 and A4: ``offer`` is deduplicated; ``counted`` is this request's record."""
         for key in offer:  # tracked keys first: count once per request, refresh always
             if key in self.counts:
-                if key not in counted:
-                    counted.add(key)
-                    self.counts[key] += 1
-                self.counts.move_to_end(key)
-        protected = None
+                self._recount(key, counted)
+        protected = set(offer)
         for key in offer:  # then untracked keys this request has not counted, in order
-            if key in self.counts or key in counted:
-                continue
+            if key not in self.counts and key not in counted:
+                counted.add(key)
+                self._enter(key, protected)
+
+    def _recount(self, key: bytes, counted: set[bytes]) -> None:
+        if key not in counted:
             counted.add(key)
-            if len(self.counts) >= self.max_size:
-                protected = protected or set(offer)
-                if not self._make_room(protected):
-                    continue
-            self.counts[key] = 1
+            self.counts[key] += 1
+        self.counts.move_to_end(key)
+
+    def _enter(self, key: bytes, protected: set[bytes]) -> None:
+        if len(self.counts) >= self.max_size and not self._make_room(protected):
+            return  # every tracked key belongs to the offer: the new key stays untracked
+        self.counts[key] = 1
 
     def _make_room(self, protected: set[bytes]) -> bool:
         """Push out the least recent key outside the offer; False if every key is in it."""

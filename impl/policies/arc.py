@@ -76,6 +76,9 @@ class ARCPolicy(CachePolicy):
             else:
                 del self.t2[key]
                 self.b2[key] = None
+        self._trim_ghosts()
+
+    def _trim_ghosts(self) -> None:
         for ghosts in (self.b1, self.b2):
             while len(ghosts) > self.capacity:
                 ghosts.popitem(last=False)

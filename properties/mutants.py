@@ -1,0 +1,330 @@
+"""The catalogue of known-bad managers: each a small named variant of impl's manager.
+
+Every property the machines check has at least one variant here that breaks it; the tests run
+each variant and require the machine to catch it with a short counterexample. A variant's
+docstring says what it breaks. ``MUTANTS`` maps a name to a ``Mutant`` (factory, the policies
+under which the bug shows, and whether the scheduler path alone must catch it).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from impl.manager import PENDING, OffloadingManager, RequestRecord
+from impl.policies import ARCPolicy
+from impl.pool import ChunkPool
+from impl.tracker import AdmissionTracker
+
+
+def _with_tracker(tracker_cls):
+    """A manager class whose admission tracker is ``tracker_cls``."""
+
+    class Manager(OffloadingManager):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.tracker is not None:
+                self.tracker = tracker_cls(self.tracker.threshold, self.tracker.max_size)
+
+    return Manager
+
+
+# --- admission: counting, the skip metric, resets (the rule the project exists for) ---
+
+class EveryOfferCounts(OffloadingManager):
+    """Upstream before the fix: every offer counts (retries and re-offers too), and so does
+    every skip and every ARC store miss."""
+
+    def _record(self, ctx):
+        return RequestRecord(self._token, self.generation)
+
+
+class DedupFailedRetriesOnly(OffloadingManager):
+    """The fix's first commit: only retries of failed offers are deduplicated; once an offer
+    succeeds the request forgets what it counted, so its re-offers after preemption count."""
+
+    def prepare_store(self, keys, ctx):
+        out = super().prepare_store(keys, ctx)
+        if out is not None:
+            self._record(ctx).counted.clear()
+        return out
+
+
+class SkipMetricEveryOffer(OffloadingManager):
+    """Counting is right but the skip metric counts a key's skip at every offer."""
+
+    def _record(self, ctx):
+        rec = super()._record(ctx)
+        rec.skipped.clear()
+        return rec
+
+
+class ResetKeepsCounting(OffloadingManager):
+    """Per-request records ignore the generation: after a reset a request's offers of keys it
+    counted before do not count again, and their skips are not counted again."""
+
+    def _record(self, ctx):
+        rec = ctx.get_state(RequestRecord)
+        if rec is None or rec.owner is not self._token:
+            rec = RequestRecord(self._token, self.generation)
+            ctx.set_state(rec)
+        return rec
+
+
+class RecordsByReqId(OffloadingManager):
+    """Per-request records keyed by the ``req_id`` string instead of the context: a new request
+    that reuses an id inherits the old one's records and its offers do not count."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._by_id: dict[tuple[str, int], RequestRecord] = {}
+
+    def _record(self, ctx):
+        return self._by_id.setdefault((ctx.req_id, self.generation),
+                                      RequestRecord(self._token, self.generation))
+
+
+class _NoRefreshTracker(AdmissionTracker):
+    def _recount(self, key, counted):
+        if key not in counted:
+            super()._recount(key, counted)
+
+
+ReofferNoRefresh = _with_tracker(_NoRefreshTracker)
+ReofferNoRefresh.__name__ = ReofferNoRefresh.__qualname__ = "ReofferNoRefresh"
+ReofferNoRefresh.__doc__ = """A re-offer of a key the request counted already does not move it
+to the recent end of the tracker, so it is pushed out too early."""
+
+
+class _EvictsOfferTracker(AdmissionTracker):
+    def _make_room(self, protected):
+        self.counts.popitem(last=False)
+        return True
+
+
+TrackerEvictsOfferKey = _with_tracker(_EvictsOfferTracker)
+TrackerEvictsOfferKey.__name__ = TrackerEvictsOfferKey.__qualname__ = "TrackerEvictsOfferKey"
+TrackerEvictsOfferKey.__doc__ = """A key entering a full tracker pushes out the least recent key
+even when that key belongs to the current offer."""
+
+
+class FailedOfferNotRecorded(OffloadingManager):
+    """An offer that ends in ``None`` leaves no trace: its counts, records and skips are rolled
+    back, as if the manager checked for space before recording."""
+
+    def prepare_store(self, keys, ctx):
+        rec = self._record(ctx)
+        saved = (OrderedDict(self.tracker.counts) if self.tracker else None,
+                 set(rec.counted), set(rec.skipped), self._skipped)
+        out = super().prepare_store(keys, ctx)
+        if out is None:
+            if self.tracker:
+                self.tracker.counts = saved[0]
+            rec.counted, rec.skipped, self._skipped = saved[1], saved[2], saved[3]
+        return out
+
+
+class TrackerClearedOnReset(OffloadingManager):
+    """``reset_cache()`` also empties the tracker, although counts must survive a reset."""
+
+    def reset_cache(self):
+        super().reset_cache()
+        if self.tracker is not None:
+            self.tracker.clear()
+
+
+class _StrictTracker(AdmissionTracker):
+    def passes(self, count):
+        return count > self.threshold
+
+
+StrictThreshold = _with_tracker(_StrictTracker)
+StrictThreshold.__name__ = StrictThreshold.__qualname__ = "StrictThreshold"
+StrictThreshold.__doc__ = """Admits with ``count > store_threshold`` instead of ``>=``."""
+
+
+class ArcAdaptsEveryRetry(OffloadingManager):
+    """ARC's ghost adaptation for a store miss runs at every offer of the key, retries
+    included, instead of once per request."""
+
+    def _record(self, ctx):
+        rec = super()._record(ctx)
+        rec.missed.clear()
+        return rec
+
+
+class TrackerUnbounded(OffloadingManager):
+    """The tracker never pushes a key out: it grows past ``max_tracker_size``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.tracker is not None:
+            self.tracker.max_size = 10**9
+
+
+class RepeatedKeyStoredTwice(OffloadingManager):
+    """A key repeated inside one offer is not deduplicated: it is admitted and given a chunk
+    once per repeat (as upstream managers do; the scheduler never sends such offers)."""
+
+    @staticmethod
+    def _dedupe(keys):
+        return list(keys)
+
+
+# --- residency, eviction and chunks ---
+
+class EvictsPinned(OffloadingManager):
+    """Eviction may take a pinned chunk (a load is in flight from it)."""
+
+    def _evictable(self, key):
+        return self._ref[key] >= 0
+
+
+class PartialEvictionBeforeNone(OffloadingManager):
+    """When too few chunks can be evicted, evicts what it can and then returns ``None``."""
+
+    def _choose_victims(self, need, offer):
+        victims = super()._choose_victims(need, offer)
+        if victims is None:
+            for n in range(need - 1, 0, -1):
+                partial = super()._choose_victims(n, offer)
+                if partial:
+                    self._evict(partial)
+                    break
+        return victims
+
+
+class _FifoPool(ChunkPool):
+    def release(self, chunk_id):
+        self._freed.insert(0, chunk_id)
+
+
+class FreedChunksFifo(OffloadingManager):
+    """Freed chunk ids are reused first-freed-first instead of last-freed-first."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._pool = _FifoPool(self.num_chunks)
+
+
+class LruTouchForward(OffloadingManager):
+    """``touch`` walks its keys first to last, so the last key ends up most recent."""
+
+    def touch(self, keys, ctx=None):
+        super().touch(list(reversed(list(keys))), ctx)
+
+
+class LookupPendingIsHit(OffloadingManager):
+    """``lookup`` answers ``HIT`` for a chunk whose store is still in flight."""
+
+    def lookup(self, key, ctx=None):
+        result = super().lookup(key, ctx)
+        return type(result).HIT if result is type(result).HIT_PENDING else result
+
+
+class FailedStoreKeepsChunk(OffloadingManager):
+    """``complete_store(success=False)`` drops the key but never frees its chunk."""
+
+    def _drop_failed(self, key):
+        del self._ref[key]
+        self._policy.remove(key)
+        del self._chunk[key]
+
+
+class StoreEventMissing(OffloadingManager):
+    """A successful ``complete_store`` announces no store event."""
+
+    def _emit(self, keys, removed, metadata_only=False):
+        if removed:
+            super()._emit(keys, removed, metadata_only)
+
+
+class UsageCountsIdle(OffloadingManager):
+    """The cache-usage gauge counts every allocated chunk, idle ones too."""
+
+    def get_stats(self):
+        stats = super().get_stats()
+        stats.cache_usage = (self.num_chunks - self.free_chunks) / self.num_chunks
+        return stats
+
+
+class NoSampleOnNone(OffloadingManager):
+    """An offer that ends in ``None`` leaves no allocation-size sample."""
+
+    def prepare_store(self, keys, ctx):
+        before = len(self._allocation_sizes)
+        out = super().prepare_store(keys, ctx)
+        if out is None:
+            del self._allocation_sizes[before:]
+        return out
+
+
+class LoadPinsBeforeChecking(OffloadingManager):
+    """``prepare_load`` pins each key as it goes and raises at the first bad one, leaving the
+    keys before it pinned (bad input changes state)."""
+
+    def prepare_load(self, keys, ctx=None):
+        keys = list(keys)
+        for i, key in enumerate(keys):
+            if self._ref.get(key, PENDING) == PENDING:
+                if i:
+                    super().prepare_load(keys[:i], ctx)
+                break
+        return super().prepare_load(keys, ctx)
+
+
+class _UntrimmedARC(ARCPolicy):
+    def _trim_ghosts(self):
+        pass
+
+
+class ArcGhostsUntrimmed(OffloadingManager):
+    """ARC's ghost lists are never cut back to the capacity."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(self._policy, ARCPolicy):
+            self._policy = _UntrimmedARC(self.num_chunks)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    cls: type
+    policies: tuple[str, ...] = ("lru", "arc")
+    admission: bool = False  # a variant of the counting / skip-metric / reset rule
+
+    @property
+    def doc(self) -> str:
+        return " ".join((self.cls.__doc__ or "").split())
+
+    def __call__(self, num_chunks, cache_policy="lru", store_threshold=1,
+                 max_tracker_size=64_000):
+        return self.cls(num_chunks, cache_policy=cache_policy,
+                        store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+
+
+MUTANTS: dict[str, Mutant] = {
+    "every_offer_counts": Mutant(EveryOfferCounts, admission=True),
+    "dedup_failed_retries_only": Mutant(DedupFailedRetriesOnly, admission=True),
+    "skip_metric_every_offer": Mutant(SkipMetricEveryOffer, admission=True),
+    "reset_keeps_counting": Mutant(ResetKeepsCounting, admission=True),
+    "records_by_req_id": Mutant(RecordsByReqId, admission=True),
+    "reoffer_no_refresh": Mutant(ReofferNoRefresh),
+    "tracker_evicts_offer_key": Mutant(TrackerEvictsOfferKey),
+    "failed_offer_not_recorded": Mutant(FailedOfferNotRecorded, admission=True),
+    "tracker_cleared_on_reset": Mutant(TrackerClearedOnReset, admission=True),
+    "strict_threshold": Mutant(StrictThreshold, admission=True),
+    "evicts_pinned": Mutant(EvictsPinned),
+    "partial_eviction_before_none": Mutant(PartialEvictionBeforeNone),
+    "arc_adapts_every_retry": Mutant(ArcAdaptsEveryRetry, policies=("arc",)),
+    "tracker_unbounded": Mutant(TrackerUnbounded),
+    "repeated_key_stored_twice": Mutant(RepeatedKeyStoredTwice),
+    "freed_chunks_fifo": Mutant(FreedChunksFifo),
+    "lru_touch_forward": Mutant(LruTouchForward, policies=("lru",)),
+    "lookup_pending_is_hit": Mutant(LookupPendingIsHit),
+    "failed_store_keeps_chunk": Mutant(FailedStoreKeepsChunk),
+    "store_event_missing": Mutant(StoreEventMissing),
+    "usage_counts_idle": Mutant(UsageCountsIdle),
+    "no_sample_on_none": Mutant(NoSampleOnNone),
+    "load_pins_before_checking": Mutant(LoadPinsBeforeChecking),
+    "arc_ghosts_untrimmed": Mutant(ArcGhostsUntrimmed, policies=("arc",)),
+}
