@@ -1,0 +1,8 @@
+"""kvgate's reference model: the offloading manager's rule in plain Python (never imports impl/).
+
+``admission_step`` is the admission rule as a pure function; ``Model`` is the whole manager.
+"""
+from model.admission import admission_step
+from model.cache import Model, ModelError
+
+__all__ = ["Model", "ModelError", "admission_step"]

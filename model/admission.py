@@ -1,0 +1,61 @@
+"""The admission rule (SPEC section 3, A1-A6) as one pure function.
+
+Plain values in, new plain values out; no argument is mutated. ``Model.prepare_store`` calls it
+first, and CrossHair checks the ``pre:``/``post:`` lines below.
+
+Choices where the SPEC is silent:
+
+- A key that cannot enter the tracker (it is full and every tracked key is in the offer) is not
+  tracked (count 0) but still goes into ``counted``: the request did offer it, so its later
+  re-offer is a re-offer, and "a key the tracker dropped is not tracked again by a re-offer".
+- Below threshold 2 the tracker and both records come back untouched (the tracker stays empty).
+"""
+from __future__ import annotations
+
+Tracker = tuple[tuple[bytes, int], ...]  # (key, count), least recent first
+
+
+def admission_step(
+    tracker: Tracker,
+    counted: frozenset[bytes],
+    skipped: frozenset[bytes],
+    offer: tuple[bytes, ...],
+    resident: frozenset[bytes],
+    threshold: int,
+    max_tracker_size: int,
+) -> tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]:
+    """Record one offer; return (tracker, counted, skipped, admitted, new_skips).
+
+    ``counted``/``skipped``: the keys this request counted/was skipped on in this generation.
+    ``resident``: ready or pending keys (never candidates).
+
+    pre: threshold >= 0 and max_tracker_size >= 1
+    pre: len(tracker) <= max_tracker_size
+    post: set(__return__[3]) <= set(offer) - resident
+    post: len(set(__return__[3])) == len(__return__[3])
+    post: len(__return__[0]) <= max_tracker_size
+    post: counted <= __return__[1] and skipped <= __return__[2]
+    post: __return__[4] == len(__return__[2] - skipped)
+    """
+    offer = tuple(dict.fromkeys(offer))  # a repeated key is one offer of it
+    candidates = [k for k in offer if k not in resident]
+    if threshold < 2:  # A1
+        return tracker, counted, skipped, tuple(candidates), 0
+    counts = dict(tracker)  # insertion order = recency order, least recent first
+    for k in offer:  # A2/A4: the offer's tracked keys are refreshed first, in offer order
+        if k in counts:
+            n = counts.pop(k)
+            counts[k] = n if k in counted else n + 1
+    for k in offer:  # then its untracked keys enter, unless this request counted them already
+        if k in counts or k in counted:
+            continue
+        if len(counts) >= max_tracker_size:
+            oldest = next((o for o in counts if o not in offer), None)
+            if oldest is None:  # every tracked key is protected: k is not tracked
+                continue
+            del counts[oldest]
+        counts[k] = 1
+    low = frozenset(k for k in candidates if counts.get(k, 0) < threshold)  # A5
+    admitted = tuple(k for k in candidates if k not in low)  # A6
+    new = low - skipped
+    return tuple(counts.items()), counted | frozenset(offer), skipped | new, admitted, len(new)
