@@ -10,11 +10,13 @@ _COMMON = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
                            HealthCheck.data_too_large],
     stateful_step_count=30,
+    report_multiple_bugs=False,
 )
 
 settings.register_profile("dev", max_examples=200, **_COMMON)
 settings.register_profile(
-    "ci", max_examples=150, derandomize=True, database=None, print_blob=False, **_COMMON
+    "ci", max_examples=300, derandomize=True, database=None, print_blob=False,
+    **{**_COMMON, "stateful_step_count": 50},
 )
 settings.register_profile(
     "thorough",

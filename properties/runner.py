@@ -1,0 +1,97 @@
+"""Run a state machine under a profile and capture what a person needs from a failure:
+the shrunk steps (as Hypothesis prints them), the error, the history, and the figures."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hypothesis import settings as Settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from .profiles import load_profile
+
+
+# Lines of a printed program that are not steps: set-up, tear-down and invariant checks.
+NOT_STEPS = {"configure", "teardown", "events_replay_to_ready_keys", "residency_agrees",
+             "stats_agree", "tracker_agrees_and_is_bounded", "check_bytes", "check_invariants"}
+
+
+@dataclass
+class RunResult:
+    machine: str
+    passed: bool
+    seconds: float
+    examples: int
+    steps: int  # steps executed over all examples
+    error: BaseException | None = None
+    program: list[str] = field(default_factory=list)  # the shrunk counterexample's lines
+    history: list[dict] = field(default_factory=list)
+    labels: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def shrunk_steps(self) -> int:
+        """Steps of the counterexample (``state.<rule>(...)`` lines, set-up rules excluded)."""
+        return sum(1 for line in self.program if line.startswith("state.")
+                   and line[6:].split("(")[0] not in NOT_STEPS)
+
+    @property
+    def message(self) -> str:
+        if self.error is None:
+            return ""
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+def _program_lines(error: BaseException) -> list[str]:
+    notes = getattr(error, "__notes__", None) or []
+    lines = []
+    for note in notes:
+        lines.extend(note.splitlines())
+    return [line for line in lines if line.startswith(("state", "requests_", "stores_",
+                                                       "loads_"))
+            or line.startswith(("    ", "\t")) and False]
+
+
+def run_machine(machine_cls, profile: str | None = None, seed: int | None = None,
+                max_examples: int | None = None, database=None,
+                **overrides) -> RunResult:
+    """Run ``machine_cls`` under ``profile``; never raises for a property failure."""
+    load_profile(profile)
+    kwargs = dict(overrides)
+    if max_examples is not None:
+        kwargs["max_examples"] = max_examples
+    if seed is not None:
+        kwargs["derandomize"] = False
+    if database is not None:
+        kwargs["database"] = database
+    settings = Settings(Settings.default, **kwargs)
+    counts = {"examples": 0, "steps": 0}
+    base_init, base_teardown = machine_cls.__init__, machine_cls.teardown
+
+    class Counted(machine_cls):
+        def __init__(self):
+            counts["examples"] += 1
+            base_init(self)
+
+        def teardown(self):
+            counts["steps"] += max(0, len(self.history) - 1)
+            base_teardown(self)
+
+    Counted.__name__ = Counted.__qualname__ = machine_cls.__name__
+    machine_cls.labels_seen.clear()
+    test = lambda: run_state_machine_as_test(Counted, settings=settings)  # noqa: E731
+    if seed is not None:
+        from hypothesis import seed as with_seed
+        test = with_seed(seed)(test)
+    start = time.perf_counter()
+    error = None
+    try:
+        test()
+    except Exception as exc:  # a property failure (or a target that broke)
+        error = exc
+    seconds = time.perf_counter() - start
+    return RunResult(
+        machine=machine_cls.__name__, passed=error is None, seconds=seconds,
+        examples=counts["examples"], steps=counts["steps"], error=error,
+        program=_program_lines(error) if error else [],
+        history=list(getattr(machine_cls, "last_history", [])),
+        labels=dict(machine_cls.labels_seen))

@@ -1,0 +1,161 @@
+"""Targets: what the gate checks, behind one small adapter interface.
+
+A target spec names a manager: ``impl`` (both policies), ``impl:lru``, ``impl:arc``,
+``mutant:NAME`` (a catalogued known-bad variant), ``MODULE:ATTR`` (a class or factory that
+follows kvgate's interface, checked exactly like impl), ``foreign=MODULE:ATTR`` (the same, but
+its eviction and chunk-id choices are its own: checked for legality and adopted), ``vllm`` (the
+installed vLLM's ``CPUOffloadingManager``) and ``vllm=MODULE:ATTR`` (a class following vLLM's
+interface). vLLM targets are foreign.
+
+Every adapter answers in plain values: lookups as ``"MISS" | "HIT" | "HIT_PENDING"``,
+``prepare_store`` as ``None`` or ``(keys_to_store, chunk_ids, evicted_keys)`` lists, events as
+``(keys, removed, metadata_only)`` tuples, stats as a metric-name dict.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from impl.base import ReqContext
+from impl.manager import OffloadingManager
+
+POLICIES = ("lru", "arc")
+
+
+class TargetError(Exception):
+    """A target that cannot be resolved, imported or built (the CLI exits 2)."""
+
+
+class NativeAdapter:
+    """A manager that follows kvgate's own interface (impl/base.py)."""
+
+    REQUIRED = ("lookup", "prepare_load", "complete_load", "touch", "prepare_store",
+                "complete_store", "reset_cache", "take_events", "get_stats")
+
+    def __init__(self, manager):
+        missing = [name for name in self.REQUIRED if not callable(getattr(manager, name, None))]
+        if missing:
+            raise TargetError(f"{type(manager).__name__} lacks the manager interface: "
+                              f"missing {', '.join(missing)}")
+        self.manager = manager
+
+    def new_context(self, req_id: str):
+        return ReqContext(req_id)
+
+    def on_new_request(self, ctx) -> None:
+        hook = getattr(self.manager, "on_new_request", None)
+        if hook:
+            hook(ctx)
+
+    def on_request_finished(self, ctx) -> None:
+        hook = getattr(self.manager, "on_request_finished", None)
+        if hook:
+            hook(ctx)
+
+    def lookup(self, key: bytes, ctx=None) -> str:
+        result = self.manager.lookup(key, ctx)
+        return getattr(result, "name", result)
+
+    def prepare_load(self, keys, ctx=None) -> list[int]:
+        return [int(i) for i in self.manager.prepare_load(list(keys), ctx)]
+
+    def complete_load(self, keys, ctx=None) -> None:
+        self.manager.complete_load(list(keys), ctx)
+
+    def touch(self, keys, ctx=None) -> None:
+        self.manager.touch(list(keys), ctx)
+
+    def prepare_store(self, keys, ctx):
+        out = self.manager.prepare_store(list(keys), ctx)
+        if out is None:
+            return None
+        return list(out.keys_to_store), [int(i) for i in out.store_spec], list(out.evicted_keys)
+
+    def complete_store(self, keys, ctx=None, success: bool = True) -> None:
+        self.manager.complete_store(list(keys), ctx, success=success)
+
+    def reset_cache(self) -> None:
+        self.manager.reset_cache()
+
+    def take_events(self) -> list[tuple[tuple[bytes, ...], bool, bool]]:
+        return [(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
+                for e in self.manager.take_events()]
+
+    def get_stats(self) -> dict:
+        stats = self.manager.get_stats()
+        return stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+
+    def tracker_items(self) -> list[tuple[bytes, int]] | None:
+        tracker = getattr(self.manager, "tracker", None)
+        return None if tracker is None else list(tracker.counts.items())
+
+    def free_chunks(self) -> int | None:
+        return getattr(self.manager, "free_chunks", None)
+
+    def chunk_of(self, key: bytes) -> int | None:
+        return self.manager.chunk_of(key) if hasattr(self.manager, "chunk_of") else None
+
+
+Factory = Callable[..., object]  # (num_chunks, cache_policy, store_threshold, max_tracker_size)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved target: how to build one adapter per configuration, and how to judge it."""
+
+    spec: str
+    factory: Factory
+    policies: tuple[str, ...] = POLICIES
+    foreign: bool = False  # eviction and chunk-id choices are checked for legality, then adopted
+    adapter: type = NativeAdapter
+
+    def make(self, num_chunks: int, cache_policy: str, store_threshold: int,
+             max_tracker_size: int):
+        try:
+            manager = self.factory(num_chunks, cache_policy=cache_policy,
+                                   store_threshold=store_threshold,
+                                   max_tracker_size=max_tracker_size)
+        except TargetError:
+            raise
+        except Exception as exc:
+            raise TargetError(f"target {self.spec!r} could not be built: {exc}") from exc
+        return self.adapter(manager)
+
+
+def _import_attr(path: str):
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"target {path!r} is not MODULE:ATTR")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise TargetError(f"cannot import {module_name!r} for target {path!r}: {exc}") from exc
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise TargetError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise TargetError(f"target {path!r} is not a class or factory")
+    return obj
+
+
+def resolve_target(spec: str) -> Target:
+    """Turn a target spec into a ``Target``; raises ``TargetError`` with one line on failure."""
+    if spec in ("impl", "impl:lru", "impl:arc"):
+        policies = POLICIES if spec == "impl" else (spec.split(":")[1],)
+        return Target(spec, OffloadingManager, policies)
+    if spec.startswith("mutant:"):
+        from .mutants import MUTANTS
+        name = spec.split(":", 1)[1]
+        if name not in MUTANTS:
+            raise TargetError(f"unknown mutant {name!r}; `kvgate list` names them")
+        return Target(spec, MUTANTS[name], MUTANTS[name].policies)
+    if spec == "vllm" or spec.startswith("vllm="):
+        from .vllm_adapter import resolve_vllm
+        return resolve_vllm(spec)
+    foreign = spec.startswith("foreign=")
+    path = spec.split("=", 1)[1] if foreign else spec
+    return Target(spec, _import_attr(path), POLICIES, foreign=foreign)
