@@ -238,6 +238,9 @@ class OffloadingManager:
     def chunk_of(self, key: bytes) -> int | None:
         return self._chunk.get(key)
 
+    def policy_state(self) -> dict:
+        return self._policy.state()
+
     @property
     def free_chunks(self) -> int:
         return self._pool.free_count

@@ -30,6 +30,7 @@ LABELS = ("retry after None", "re-offer after preemption", "offer across a reset
           "tracker full", "eviction", "failed store")
 # Properties that need what an adapter of a foreign manager cannot see or fix.
 EXACT_ONLY = ("chunk ids equal the model's", "evicted keys equal the model's",
+              "policy order equals the model's",
               "pool accounting", "bad input leaves state unchanged",
               "repeated keys in one offer")
 
@@ -286,10 +287,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.replayed.clear()
         self._log("reset_cache", {}, None, None)
 
-    @invariant()
-    def stats_agree(self):
-        if self.target is None:
-            return
+    def _stats_agree(self):
         got, want = self.target.get_stats(), self.model.get_stats()
         if want.get("vllm:kv_offload_stores_skipped") or want.get(
                 "vllm:kv_offload_cpu_allocation_size"):
@@ -354,9 +352,16 @@ class ManagerMachine(RuleBasedStateMachine):
     # --- invariants ---
 
     @invariant()
-    def events_replay_to_ready_keys(self):
+    def agrees_with_model(self):
+        """After every step: events, stats, tracker, residency and policy order agree."""
         if self.target is None:
             return
+        self._events_replay_to_ready_keys()
+        self._stats_agree()
+        self._tracker_agrees_and_is_bounded()
+        self._residency_agrees()
+
+    def _events_replay_to_ready_keys(self):
         got, want = self.target.take_events(), self.model.take_events()
         if got or want:
             self._log("take_events", {}, [(names(k), r, m) for k, r, m in got],
@@ -372,10 +377,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self._expect("ready keys replayed from events", sorted(names(self.replayed)),
                      sorted(names(ready)))
 
-    @invariant()
-    def tracker_agrees_and_is_bounded(self):
-        if self.target is None:
-            return
+    def _tracker_agrees_and_is_bounded(self):
         got = self.target.tracker_items()
         want = self.model.tracker_items()
         if got is not None or want:
@@ -391,10 +393,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 raise Divergence(f"tracker count of {name_of(key)!r} is {count}, but only "
                                  f"{len(self.offered_by[key])} request(s) offered it")
 
-    @invariant()
-    def residency_agrees(self):
-        if self.target is None:
-            return
+    def _residency_agrees(self):
         for name, key in KEYS.items():
             self._expect(f"lookup({name!r})", self.target.lookup(key, self.loader),
                          self.model.lookup(key))
@@ -406,6 +405,13 @@ class ManagerMachine(RuleBasedStateMachine):
             self._expect("free chunks + resident chunks", free + used, self.model.num_chunks)
         for key, r in self.model.resident.items():
             self._expect(f"chunk of {name_of(key)!r}", self.target.chunk_of(key), r["chunk"])
+        order = self.target.policy_state()
+        if order is not None:
+            m = self.model
+            want = {"lru": m.lru} if m.policy == "lru" else {
+                "t1": m.t1, "t2": m.t2, "b1": m.b1, "b2": m.b2, "p": m.p}
+            show = lambda st: {k: v if k == "p" else names(v) for k, v in st.items()}  # noqa
+            self._expect("policy order (least recent first)", show(order), show(want))
 
 
 def machine_name(kind: str, spec: str) -> str:

@@ -15,8 +15,8 @@ _COMMON = dict(
 
 settings.register_profile("dev", max_examples=200, **_COMMON)
 settings.register_profile(
-    "ci", max_examples=300, derandomize=True, database=None, print_blob=False,
-    **{**_COMMON, "stateful_step_count": 50},
+    "ci", max_examples=600, derandomize=True, database=None, print_blob=False,
+    **{**_COMMON, "stateful_step_count": 40},
 )
 settings.register_profile(
     "thorough",

@@ -93,6 +93,10 @@ class NativeAdapter:
     def free_chunks(self) -> int | None:
         return getattr(self.manager, "free_chunks", None)
 
+    def policy_state(self) -> dict | None:
+        fn = getattr(self.manager, "policy_state", None)
+        return fn() if callable(fn) else None
+
     def chunk_of(self, key: bytes) -> int | None:
         return self.manager.chunk_of(key) if hasattr(self.manager, "chunk_of") else None
 

@@ -83,6 +83,10 @@ class ARCPolicy(CachePolicy):
             while len(ghosts) > self.capacity:
                 ghosts.popitem(last=False)
 
+    def state(self) -> dict:
+        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1),
+                "b2": list(self.b2), "p": self.p}
+
     def clear(self) -> None:
         for lst in (self.t1, self.t2, self.b1, self.b2):
             lst.clear()

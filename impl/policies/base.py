@@ -40,5 +40,9 @@ class CachePolicy(ABC):
         """Apply a choice made by ``choose_victims``."""
 
     @abstractmethod
+    def state(self) -> dict:
+        """The policy's order as plain lists (least recent first), for inspection."""
+
+    @abstractmethod
     def clear(self) -> None:
         """Forget everything (a cache reset)."""

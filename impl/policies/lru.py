@@ -32,5 +32,8 @@ class LRUPolicy(CachePolicy):
         for key in victims:
             del self.order[key]
 
+    def state(self) -> dict:
+        return {"lru": list(self.order)}
+
     def clear(self) -> None:
         self.order.clear()
