@@ -1,0 +1,487 @@
+"""A state machine that drives one copy worker alone against a byte model (SPEC section 6).
+
+The model is deliberately trivial: every GPU block and every CPU sub-block holds a *label*, an
+int; the bytes of label ``v`` in layer ``l`` are a fixed function of ``(v, l)`` (label 0 is all
+zeros, what a fresh CPU tier holds), and the padding after each GPU page holds a fixed pattern of
+``(layer, block)`` that nothing may change. A store copies labels from blocks to sub-blocks, a
+load from sub-blocks to blocks, a GPU write gives a block a new label. After every step the
+machine compares every byte it can predict: GPU pages and padding, and the worker's CPU tier
+(``worker.cpu_tensors``, whose shape SPEC section 6 fixes); only the destinations of jobs not yet
+reported are left out, since their copy may or may not have run.
+
+Rules: submit store / load (random blocks and chunks, with sub-block offsets), GPU writes,
+``get_finished`` (each job exactly once, oldest first per direction, ``success``/``bytes`` as
+expected), ``wait`` then ``get_finished`` (waited jobs must be reported), injected failures
+(reported ``success=False``, nothing written), and invalid transfers (``ValueError``, every byte
+unchanged, no job, no failure used up). On the CPU path copies are synchronous, so each
+``get_finished`` there must report every job.
+
+``machine_for(factory)`` builds the machine for any worker factory with the signature
+``factory(gpu_tensors, num_chunks, blocks_per_chunk)``. The module defines one machine per
+worker of ours (``OffloadWorkerMachine`` and one per known-bad worker) so that a printed
+counterexample (``state = OffByOneOffsetMachine()`` ...) replays after
+``from properties.worker_machine import *``.
+
+Generated values that depend on the layout are *picks*: ``picks=[3, 0]`` means "the 3rd and the
+0th of the blocks that may take part, modulo their number", ``chunk_pick`` where the list of
+usable chunks starts (and, past one lap, that it runs backwards), ``offset_pick`` the offset
+modulo ``blocks_per_chunk``; each step notes the transfer it actually made, so a counterexample
+reads in block and chunk ids.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import torch
+from hypothesis import event, note as _hypothesis_note, strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule)
+
+from impl.worker import LOAD, STORE, OffloadWorker, TransferResult
+from properties import bad_workers
+
+DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "float16": torch.float16,
+          "int32": torch.int32, "float32": torch.float32, "int64": torch.int64}
+
+
+class LayerSpec(NamedTuple):
+    """One layer: page size, padding after each page (bytes), dtype, K/V split of the page."""
+
+    page_bytes: int
+    pad_bytes: int = 0
+    dtype: str = "uint8"
+    split: bool = False
+
+
+class WorkerLayout(NamedTuple):
+    layers: tuple[LayerSpec, ...]
+    num_gpu_blocks: int
+    num_chunks: int
+    blocks_per_chunk: int
+
+
+@st.composite
+def layer_specs(draw) -> LayerSpec:
+    dtype = draw(st.sampled_from(list(DTYPES)))
+    elem = DTYPES[dtype].itemsize
+    split = draw(st.booleans())
+    elems = draw(st.integers(1, 6)) * (2 if split else 1)
+    pad = draw(st.sampled_from([0, 0, 1, 3])) * elem
+    return LayerSpec(elems * elem, pad, dtype, split)
+
+
+def worker_layouts() -> st.SearchStrategy[WorkerLayout]:
+    return st.builds(
+        WorkerLayout,
+        layers=st.lists(layer_specs(), min_size=1, max_size=3).map(tuple),
+        num_gpu_blocks=st.integers(1, 10),
+        num_chunks=st.integers(1, 6),
+        blocks_per_chunk=st.sampled_from([1, 2, 4, 3]),
+    )
+
+
+PICKS = st.lists(st.integers(0, 63), max_size=4)
+PICK = st.integers(0, 63)
+DEFECTS = ("chunk_count", "gpu_block_range", "chunk_range", "negative_id", "repeated_block",
+           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "hazard")
+
+
+def note(text: str) -> None:
+    """Hypothesis's ``note`` inside a test; outside one (a counterexample replayed by hand),
+    a print."""
+    if currently_in_test_context():
+        _hypothesis_note(text)
+    else:
+        print(text)
+
+
+_ROWS: dict[tuple[int, int, int], torch.Tensor] = {}  # (layer, label, page) -> page bytes
+
+
+class _Pending(NamedTuple):
+    kind: str
+    blocks: tuple[int, ...]
+    slots: tuple[int, ...]
+    effects: tuple[tuple[int, int], ...]  # (destination, label): slot for a store, block for a load
+    fails: bool
+
+
+def _dedup(values):
+    out = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
+
+
+class WorkerMachine(RuleBasedStateMachine):
+    """Drives ``worker_factory`` alone; see the module docstring."""
+
+    worker_factory: Callable[..., Any] = OffloadWorker
+    labels_seen: set[str] = set()  # coverage labels, shared by every run of this class
+
+    def __init__(self):
+        super().__init__()
+        self.worker = None
+
+    # ------------------------------------------------------------------ set-up
+
+    @initialize(layout=worker_layouts())
+    def init_worker(self, layout: WorkerLayout) -> None:
+        self.layout = layout
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.n_blocks, self.n_chunks = layout.num_gpu_blocks, layout.num_chunks
+        self.bpc = layout.blocks_per_chunk
+        self.n_slots = self.n_chunks * self.bpc
+        self.gpu_label = list(range(1, self.n_blocks + 1))
+        self.slot_label = [0] * self.n_slots
+        self.next_label = self.n_blocks + 1
+        self.raw: list[torch.Tensor] = []  # uint8 [blocks, page + pad] per layer: page and padding
+        tensors = []
+        for layer, spec in enumerate(layout.layers):
+            width = spec.page_bytes + spec.pad_bytes
+            host = torch.stack([torch.cat([self._content(layer, self.gpu_label[b]),
+                                           self._padding(layer, b)])
+                                for b in range(self.n_blocks)])
+            raw = host.to(self.device)
+            assert raw.shape == (self.n_blocks, width)
+            tensor = raw[:, :spec.page_bytes].view(DTYPES[spec.dtype])
+            if spec.split:
+                tensor = tensor.view(self.n_blocks, 2, -1)
+            self.raw.append(raw)
+            tensors.append(tensor)
+        # What every byte should hold now (host tensors, updated with the labels).
+        self.expected_gpu = [raw.cpu().clone() for raw in self.raw]
+        self.expected_cpu = [torch.zeros((self.n_slots, s.page_bytes), dtype=torch.uint8)
+                             for s in layout.layers]
+        self.bytes_per_block = sum(s.page_bytes for s in layout.layers)
+        self.worker = self.worker_factory(tensors, self.n_chunks, self.bpc)
+        self.pending: dict[int, _Pending] = {}
+        self.order: dict[str, list[int]] = {STORE: [], LOAD: []}
+        self.used_ids: list[int] = []
+        self.next_job = 0
+        self.fail_budget = 0
+
+    # ------------------------------------------------------------------ model
+
+    def _content(self, layer: int, label: int) -> torch.Tensor:
+        page = self.layout.layers[layer].page_bytes
+        row = _ROWS.get((layer, label, page))
+        if row is None:
+            if label == 0:
+                row = torch.zeros(page, dtype=torch.uint8)
+            else:
+                assert label < 256, "labels must stay below 256 to stay distinct"
+                pos = torch.arange(page, dtype=torch.int64)
+                row = ((label * 131 + layer * 17 + pos * 29 + 1) % 256).to(torch.uint8)
+            _ROWS[(layer, label, page)] = row
+        return row
+
+    def _padding(self, layer: int, block: int) -> torch.Tensor:
+        pad = self.layout.layers[layer].pad_bytes
+        pos = torch.arange(pad, dtype=torch.int64)
+        return ((255 - block * 7 - layer * 3 - pos * 5) % 256).to(torch.uint8)
+
+    def _set_gpu_label(self, block: int, label: int) -> None:
+        self.gpu_label[block] = label
+        for layer, spec in enumerate(self.layout.layers):
+            self.expected_gpu[layer][block, :spec.page_bytes] = self._content(layer, label)
+
+    def _set_slot_label(self, slot: int, label: int) -> None:
+        self.slot_label[slot] = label
+        for layer in range(len(self.layout.layers)):
+            self.expected_cpu[layer][slot] = self._content(layer, label)
+
+    def _slots(self, chunks, offset, count) -> list[int]:
+        bpc = self.bpc
+        return [chunks[k // bpc] * bpc + k % bpc for k in range(offset, offset + count)]
+
+    def _touched(self):
+        """(GPU blocks read, GPU blocks written, slots read, slots written) by unreported jobs."""
+        b_read, b_written, s_read, s_written = set(), set(), set(), set()
+        for job in self.pending.values():
+            if job.kind == STORE:
+                b_read.update(job.blocks)
+                s_written.update(job.slots)
+            else:
+                b_written.update(job.blocks)
+                s_read.update(job.slots)
+        return b_read, b_written, s_read, s_written
+
+    def _label(self, name: str) -> None:
+        if currently_in_test_context():
+            event(name)
+        type(self).labels_seen.add(name)
+
+    def _choose(self, kind, picks, chunk_pick, offset_pick):
+        """A transfer the worker must accept (no clash with unreported jobs), or None."""
+        b_read, b_written, s_read, s_written = self._touched()
+        bpc = self.bpc
+        if kind == STORE:
+            blocks_ok = [b for b in range(self.n_blocks) if b not in b_written]
+            busy = s_read | s_written
+        else:
+            blocks_ok = [b for b in range(self.n_blocks) if b not in b_read | b_written]
+            busy = s_written
+        chunks_ok = [c for c in range(self.n_chunks)
+                     if not any(c * bpc + j in busy for j in range(bpc))]
+        if not blocks_ok or not chunks_ok:
+            return None
+        offset = offset_pick % bpc
+        blocks = _dedup(blocks_ok[p % len(blocks_ok)] for p in picks)
+        blocks = blocks[: len(chunks_ok) * bpc - offset]
+        need = math.ceil((offset + len(blocks)) / bpc) if blocks else 0
+        start = chunk_pick % len(chunks_ok)
+        order = chunks_ok[start:] + chunks_ok[:start]
+        if chunk_pick // len(chunks_ok) % 2:
+            order.reverse()
+        chunks = order[:need]
+        return blocks, chunks, offset
+
+    # ------------------------------------------------------------------ rules
+
+    def _submit(self, kind, picks, chunk_pick, offset_pick) -> None:
+        chosen = self._choose(kind, picks, chunk_pick, offset_pick)
+        if chosen is None:
+            note(f"no {kind} possible now")
+            return
+        blocks, chunks, offset = chosen
+        job_id = self.next_job
+        fails = self.fail_budget > 0
+        note(f"job {job_id}: {kind} gpu_blocks={blocks} chunk_ids={chunks} offset={offset}"
+             + (" (injected failure)" if fails else ""))
+        if kind == STORE:
+            self.worker.submit_store(job_id, blocks, chunks, offset)
+        else:
+            self.worker.submit_load(job_id, chunks, blocks, offset)
+        self.next_job += 1
+        self.used_ids.append(job_id)
+        self.fail_budget -= fails
+        slots = self._slots(chunks, offset, len(blocks))
+        if kind == STORE:
+            effects = tuple((s, self.gpu_label[b]) for b, s in zip(blocks, slots))
+        else:
+            effects = tuple((b, self.slot_label[s]) for b, s in zip(blocks, slots))
+        self.pending[job_id] = _Pending(kind, tuple(blocks), tuple(slots), effects, fails)
+        self.order[kind].append(job_id)
+        self._label(f"{kind} submitted")
+        if offset:
+            self._label(f"{kind} with offset")
+        if len(chunks) > 1:
+            self._label(f"{kind} over several chunks")
+        if not blocks:
+            self._label("empty transfer")
+
+    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7))
+    def submit_store(self, picks, chunk_pick, offset_pick):
+        self._submit(STORE, picks, chunk_pick, offset_pick)
+
+    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7))
+    def submit_load(self, picks, chunk_pick, offset_pick):
+        self._submit(LOAD, picks, chunk_pick, offset_pick)
+
+    @rule(pick=PICK)
+    def write_gpu_block(self, pick):
+        """The model computes new KV data into a block that no unreported job touches."""
+        b_read, b_written, _, _ = self._touched()
+        free = [b for b in range(self.n_blocks) if b not in b_read | b_written]
+        if not free:
+            return
+        block, label = free[pick % len(free)], self.next_label
+        self.next_label += 1
+        note(f"gpu block {block} rewritten (label {label})")
+        for layer, spec in enumerate(self.layout.layers):
+            self.raw[layer][block, :spec.page_bytes].copy_(self._content(layer, label))
+        self._set_gpu_label(block, label)
+
+    @precondition(lambda self: self.fail_budget < 2)
+    @rule()
+    def fail_next_job(self):
+        self.worker.fail_next()
+        self.fail_budget += 1
+
+    @rule()
+    def get_finished(self):
+        self._collect(self.worker.get_finished())
+
+    @rule(picks=PICKS, everything=st.booleans(), strangers=st.booleans())
+    def wait_then_get_finished(self, picks, everything, strangers):
+        pending = [j for j in self.used_ids if j in self.pending]
+        waited = list(pending) if everything else (
+            _dedup(pending[p % len(pending)] for p in picks) if pending else [])
+        asked = waited + ([self.next_job + 1000] + self.used_ids[:1] if strangers else [])
+        note(f"wait({asked})")
+        self.worker.wait(asked)
+        self._collect(self.worker.get_finished())
+        left = [j for j in waited if j in self.pending]
+        assert not left, f"jobs {left} were waited for but get_finished did not report them"
+        if waited:
+            self._label("wait")
+
+    def _collect(self, results) -> None:
+        assert isinstance(results, list), f"get_finished returned {type(results).__name__}"
+        for r in results:
+            assert isinstance(r, TransferResult), f"not a TransferResult: {r!r}"
+            assert r.job_id in self.pending, (
+                f"{r!r} reports job {r.job_id}, which is not pending "
+                "(never submitted, refused, or reported before)")
+            job = self.pending[r.job_id]
+            oldest = self.order[job.kind][0]
+            assert r.job_id == oldest, (
+                f"{job.kind} job {r.job_id} reported before the earlier {job.kind} job {oldest}")
+            assert r.success is (not job.fails), (
+                f"job {r.job_id}: success={r.success!r}, expected {not job.fails}")
+            expected_bytes = 0 if job.fails else len(job.blocks) * self.bytes_per_block
+            assert r.bytes == expected_bytes, (
+                f"job {r.job_id}: bytes={r.bytes}, expected {expected_bytes}")
+            assert isinstance(r.seconds, float) and 0.0 <= r.seconds < math.inf, (
+                f"job {r.job_id}: seconds={r.seconds!r}")
+            self.order[job.kind].pop(0)
+            del self.pending[r.job_id]
+            if job.fails:
+                self._label("failed job reported")
+                continue
+            apply = self._set_slot_label if job.kind == STORE else self._set_gpu_label
+            for dest, label in job.effects:
+                apply(dest, label)
+            self._label(f"{job.kind} reported")
+        if self.device.type == "cpu":
+            assert not self.pending, (
+                f"jobs {sorted(self.pending)} are not reported, but CPU copies are synchronous")
+
+    @rule(kind=st.sampled_from([STORE, LOAD]), defect=st.sampled_from(DEFECTS), picks=PICKS,
+          chunk_pick=PICK, offset_pick=st.integers(0, 7))
+    def invalid_transfer(self, kind, defect, picks, chunk_pick, offset_pick):
+        """A transfer with one defect is refused with ValueError before any byte moves."""
+        args = self._invalid(kind, defect, picks, chunk_pick, offset_pick)
+        job_id, blocks, chunks, offset, defect = args
+        note(f"invalid {kind} ({defect}): job_id={job_id!r} gpu_blocks={blocks!r} "
+             f"chunk_ids={chunks!r} offset={offset!r}")
+        self.worker.wait(list(self.pending))  # nothing may be in flight while we compare
+        before = self._snapshot()
+        try:
+            if kind == STORE:
+                self.worker.submit_store(job_id, blocks, chunks, offset)
+            else:
+                self.worker.submit_load(job_id, chunks, blocks, offset)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"invalid {kind} ({defect}) was accepted")
+        after = self._snapshot()
+        for (where, a), (_, b) in zip(before, after):
+            assert torch.equal(a, b), f"refused {kind} ({defect}) changed bytes of {where}"
+        self._label(f"refused: {defect}")
+
+    def _invalid(self, kind, defect, picks, chunk_pick, offset_pick):
+        chosen = self._choose(kind, picks, chunk_pick, offset_pick)
+        blocks, chunks, offset = chosen if chosen else ([0], [0], 0)
+        blocks, chunks = list(blocks), list(chunks)
+        if not blocks:
+            blocks, chunks = [0], [0]
+        job_id = self.next_job
+        live = [j for j in self.used_ids if j in self.pending and self.pending[j].blocks]
+        if defect == "reused_job_id" and not self.used_ids:
+            defect = "offset_range"
+        if defect == "hazard" and not live:
+            defect = "chunk_count"
+        if defect == "chunk_count":
+            chunks = chunks[:-1] if len(chunks) > 1 or offset_pick % 2 else chunks + [
+                (chunks[-1] + 1) % self.n_chunks]
+        elif defect == "gpu_block_range":
+            blocks[-1] = self.n_blocks + offset_pick
+        elif defect == "chunk_range":
+            chunks[-1] = self.n_chunks + offset_pick
+        elif defect == "negative_id":
+            if offset_pick % 2:
+                chunks[-1] = -1
+            else:
+                blocks[-1] = -1
+        elif defect == "repeated_block":
+            blocks.append(blocks[0])
+        elif defect == "repeated_chunk":
+            chunks.append(chunks[0])
+        elif defect == "offset_range":
+            offset = -1 if offset_pick % 2 else self.bpc + offset_pick // 2
+        elif defect == "reused_job_id":
+            job_id = self.used_ids[offset_pick % len(self.used_ids)]
+        elif defect == "not_an_int":
+            which = offset_pick % 3
+            if which == 0:
+                job_id = str(job_id)
+            elif which == 1:
+                blocks[-1] = blocks[-1] + 0.5
+            else:
+                offset = True
+        elif defect == "hazard":
+            other = self.pending[live[(picks or [0])[0] % len(live)]]
+            slot, block = other.slots[0], other.blocks[0]
+            clash_on_slot = (kind, other.kind) in ((STORE, STORE), (STORE, LOAD), (LOAD, STORE))
+            clash_on_block = (kind, other.kind) != (STORE, STORE)
+            if clash_on_slot and (offset_pick % 2 or not clash_on_block):
+                blocks, chunks, offset = [blocks[0]], [slot // self.bpc], slot % self.bpc
+            else:
+                blocks, chunks, offset = [block], [chunks[0]], offset % self.bpc
+                chunks = chunks[: math.ceil((offset + 1) / self.bpc)]
+        return job_id, blocks, chunks, offset, defect
+
+    def _snapshot(self):
+        out = [(f"gpu layer {i}", raw.cpu().clone()) for i, raw in enumerate(self.raw)]
+        out += [(f"cpu layer {i}", t.cpu().clone()) for i, t in enumerate(self.worker.cpu_tensors)]
+        return out
+
+    # ------------------------------------------------------------------ invariant
+
+    @invariant()
+    def bytes_match_model(self):
+        _, b_written, _, s_written = self._touched()
+        for layer, spec in enumerate(self.layout.layers):
+            page = spec.page_bytes
+            actual, expected = self.raw[layer].cpu(), self.expected_gpu[layer]
+            if not torch.equal(actual, expected):
+                for b in (actual != expected).any(1).nonzero().flatten().tolist():
+                    assert torch.equal(actual[b, page:], expected[b, page:]), (
+                        f"layer {layer}: the padding after gpu block {b}'s page changed")
+                    assert b in b_written, (
+                        f"layer {layer}: gpu block {b} should hold label {self.gpu_label[b]}"
+                        f" ({_describe(actual[b, :page])})")
+            cpu = self.worker.cpu_tensors[layer]
+            expected_shape = (self.n_chunks, page * self.bpc)
+            assert tuple(cpu.shape) == expected_shape and cpu.dtype == torch.uint8, (
+                f"layer {layer}: cpu tensor is {cpu.dtype} {tuple(cpu.shape)}, "
+                f"expected uint8 {expected_shape}")
+            actual, expected = cpu.cpu().view(self.n_slots, page), self.expected_cpu[layer]
+            if not torch.equal(actual, expected):
+                for s in (actual != expected).any(1).nonzero().flatten().tolist():
+                    assert s in s_written, (
+                        f"layer {layer}: sub-block {s % self.bpc} of chunk {s // self.bpc} "
+                        f"should hold label {self.slot_label[s]} ({_describe(actual[s])})")
+
+
+def _describe(row: torch.Tensor) -> str:
+    head = row[:8].tolist()
+    return f"found bytes starting {head}"
+
+
+def machine_for(factory: Callable[..., Any], name: str | None = None) -> type[WorkerMachine]:
+    """The worker machine for ``factory(gpu_tensors, num_chunks, blocks_per_chunk)``."""
+    name = name or f"{getattr(factory, '__name__', 'Worker')}Machine"
+    cls = type(name, (WorkerMachine,), {"worker_factory": staticmethod(factory),
+                                        "labels_seen": set(), "__module__": __name__})
+    cls.__qualname__ = name
+    return cls
+
+
+OffloadWorkerMachine = machine_for(OffloadWorker)
+OffByOneOffsetMachine = machine_for(bad_workers.OffByOneOffset)
+CopiesPaddedPageMachine = machine_for(bad_workers.CopiesPaddedPage)
+ReportsBeforeCopyMachine = machine_for(bad_workers.ReportsBeforeCopy)
+ReportsOutOfOrderMachine = machine_for(bad_workers.ReportsOutOfOrder)
+WritesBeforeValidatingMachine = machine_for(bad_workers.WritesBeforeValidating)
+BAD_MACHINES = {cls.__name__: globals()[f"{cls.__name__}Machine"]
+                for cls in bad_workers.BAD_WORKERS}  # worker name -> its machine
+
+__all__ = ["BAD_MACHINES", "LayerSpec", "WorkerLayout", "WorkerMachine", "machine_for",
+           "OffloadWorkerMachine", *(m.__name__ for m in BAD_MACHINES.values())]
