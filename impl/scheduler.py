@@ -88,17 +88,25 @@ class TransferResult(NamedTuple):
 
 class NullWorker:
     """An in-process worker that moves no bytes: a job completes ``delay`` steps after it was
-    submitted (``delay=None``: when ``release``d or waited for). ``advance()`` is one step; the
+    submitted (``delay=None``: when ``release``d or waited for; loads take ``load_delay`` when
+    it is given). ``advance()`` is one step; the
     scheduler calls it at the start of each of its steps.
 
     With ``track_data=True`` it keeps one tag per GPU block and per chunk sub-block and copies
     tags when a job completes, so a test can check that every chunk holds the data of its key.
     """
 
-    def __init__(self, delay: int | None = 1, blocks_per_chunk: int = 1, track_data: bool = False):
-        if delay is not None and delay < 1:
-            raise ValueError(f"delay must be >= 1 or None, got {delay!r}")
+    def __init__(self, delay: int | None = 1, blocks_per_chunk: int = 1, track_data: bool = False,
+                 load_delay: int | None = None, fail_every: int = 0):
+        for name, value in (("delay", delay), ("load_delay", load_delay)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+        if not isinstance(fail_every, int) or fail_every < 0:
+            raise ValueError(f"fail_every must be an int >= 0, got {fail_every!r}")
         self.delay = delay
+        self.load_delay = load_delay  # None: the same as ``delay``
+        self.fail_every = fail_every  # > 0: every fail_every-th store job's copy fails
+        self._stores = 0
         self.blocks_per_chunk = blocks_per_chunk
         self.track_data = track_data
         self.now = 0
@@ -112,6 +120,9 @@ class NullWorker:
     def submit_store(self, job_id: int, gpu_blocks: Sequence[int], chunk_ids: Sequence[int],
                      offset: int = 0) -> None:
         self._submit(job_id, "store", gpu_blocks, chunk_ids, offset)
+        self._stores += 1
+        if self.fail_every and self._stores % self.fail_every == 0:
+            self._fail.add(job_id)
 
     def submit_load(self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int],
                     offset: int = 0) -> None:
@@ -124,7 +135,8 @@ class NullWorker:
         if len(gpu_blocks) != len(chunk_ids) * self.blocks_per_chunk - offset:
             raise ValueError(f"job {job_id}: {len(gpu_blocks)} GPU blocks for {len(chunk_ids)} "
                              f"chunks of {self.blocks_per_chunk} blocks at offset {offset}")
-        due = None if self.delay is None else self.now + self.delay
+        delay = self.load_delay if kind == "load" and self.load_delay is not None else self.delay
+        due = None if delay is None else self.now + delay
         self._jobs[job_id] = [due, kind, gpu_blocks, chunk_ids, offset]
 
     def get_finished(self) -> list[TransferResult]:

@@ -88,6 +88,28 @@ def _same_stats(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
+class _Key:
+    __slots__ = ("key",)
+
+    def __init__(self, key: bytes):
+        self.key = key
+
+
+class _Call:
+    """One call, formatted only when a divergence needs it."""
+
+    __slots__ = ("step", "no", "name", "args", "kwargs")
+
+    def __init__(self, step: int, no: int, name: str, args: tuple, kwargs: dict):
+        self.step, self.no, self.name, self.args, self.kwargs = step, no, name, args, kwargs
+
+    def __str__(self) -> str:
+        parts = [fmt_key(a.key) if isinstance(a, _Key) else fmt_keys(a) if isinstance(a, list)
+                 else repr(a) for a in self.args]
+        parts += [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"{self.name}({', '.join(parts)})"
+
+
 class LockstepManager:
     """Forwards the manager protocol to ``target`` and ``model`` and compares every answer.
 
@@ -120,25 +142,26 @@ class LockstepManager:
             self._handles[id(ctx)] = entry
         return entry[1]
 
-    def _call(self, text: str) -> str:
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> _Call:
         self.calls += 1
-        self._recent.append(f"  step {self.step}, call {self.calls}: {text}")
-        return text
+        call = _Call(self.step, self.calls, name, args, kwargs)
+        self._recent.append(call)
+        return call
 
-    def _record(self, call: str, args: dict[str, Any], target: Any, model: Any) -> None:
+    def _record(self, call: _Call, args: dict[str, Any], target: Any, model: Any) -> None:
         if self.log is not None:
-            self.log.append({"step": self.step, "call_no": self.calls, "call": call,
+            self.log.append({"step": self.step, "call_no": self.calls, "call": call.name,
                              **args, "target": repr(target), "model": repr(model)})
 
-    def _diverge(self, call: str, target: Any, model: Any, why: str = "") -> Divergence:
-        recent = "\n".join(list(self._recent)[:-1])
+    def _diverge(self, call: _Call, target: Any, model: Any, why: str = "") -> Divergence:
+        recent = "\n".join(f"  step {c.step}, call {c.no}: {c}" for c in list(self._recent)[:-1])
         msg = (f"divergence at step {self.step}, call {self.calls}: {call}\n"
                f"  target answered: {target}\n  model answered:  {model}"
                + (f"\n  ({why})" if why else "")
                + (f"\n calls before it:\n{recent}" if recent else ""))
-        return Divergence(msg, self.step, self.calls, call)
+        return Divergence(msg, self.step, self.calls, str(call))
 
-    def _both(self, call: str, target_fn, model_fn) -> tuple[Any, Any]:
+    def _both(self, call: _Call, target_fn, model_fn) -> tuple[Any, Any]:
         """Run both sides; an exception on one side only is a divergence."""
         try:
             m = model_fn()
@@ -169,7 +192,7 @@ class LockstepManager:
         self._handles.pop(id(ctx), None)  # no prepare call comes for it any more
 
     def lookup(self, key: bytes, ctx: Any = None) -> Any:
-        call = self._call(f"lookup({fmt_key(key)}, {ctx!r})")
+        call = self._call("lookup", _Key(key), ctx)
         t, m = self._both(call, lambda: self.target.lookup(key, ctx), lambda: self.model.lookup(key))
         if lookup_name(t) != m:
             raise self._diverge(call, lookup_name(t), m)
@@ -177,12 +200,12 @@ class LockstepManager:
 
     def touch(self, keys: Iterable[bytes], ctx: Any = None) -> None:
         keys = list(keys)
-        call = self._call(f"touch({fmt_keys(keys)}, {ctx!r})")
+        call = self._call("touch", keys, ctx)
         self._both(call, lambda: self.target.touch(keys, ctx), lambda: self.model.touch(keys))
 
     def prepare_load(self, keys: Iterable[bytes], ctx: Any = None) -> Any:
         keys = list(keys)
-        call = self._call(f"prepare_load({fmt_keys(keys)}, {ctx!r})")
+        call = self._call("prepare_load", keys, ctx)
         t, m = self._both(call, lambda: self.target.prepare_load(keys, ctx),
                           lambda: self.model.prepare_load(keys))
         if chunk_ids(t) != list(m):
@@ -191,14 +214,14 @@ class LockstepManager:
 
     def complete_load(self, keys: Iterable[bytes], ctx: Any = None) -> None:
         keys = list(keys)
-        call = self._call(f"complete_load({fmt_keys(keys)}, {ctx!r})")
+        call = self._call("complete_load", keys, ctx)
         self._both(call, lambda: self.target.complete_load(keys, ctx),
                    lambda: self.model.complete_load(keys))
 
     def prepare_store(self, keys: Iterable[bytes], ctx: Any) -> Any:
         keys = list(keys)
         req = self.handle(ctx)
-        call = self._call(f"prepare_store({fmt_keys(keys)}, {ctx!r})")
+        call = self._call("prepare_store", keys, ctx)
         try:
             t = self.target.prepare_store(keys, ctx)
         except Exception as e:  # noqa: BLE001
@@ -211,8 +234,8 @@ class LockstepManager:
             m = self.model.prepare_store(keys, req, choice=choice)
         except ModelError as e:
             raise self._diverge(call, _fmt_store(t), f"refused the target's choice: {e}") from e
-        self._record("prepare_store", {"keys": fmt_keys(keys), "req": req},
-                     _fmt_store(t), _fmt_store(m))
+        if self.log is not None:
+            self._record(call, {"keys": fmt_keys(keys), "req": req}, _fmt_store(t), _fmt_store(m))
         if (t is None) != (m is None):
             raise self._diverge(call, _fmt_store(t), _fmt_store(m))
         if t is None:
@@ -228,23 +251,23 @@ class LockstepManager:
 
     def complete_store(self, keys: Iterable[bytes], ctx: Any = None, success: bool = True) -> None:
         keys = list(keys)
-        call = self._call(f"complete_store({fmt_keys(keys)}, {ctx!r}, success={success})")
+        call = self._call("complete_store", keys, ctx, success=success)
         self._both(call, lambda: self.target.complete_store(keys, ctx, success=success),
                    lambda: self.model.complete_store(keys, success=success))
 
     def reset_cache(self) -> None:
-        call = self._call("reset_cache()")
+        call = self._call("reset_cache")
         self._both(call, self.target.reset_cache, self.model.reset_cache)
 
     def take_events(self) -> list[Any]:
-        call = self._call("take_events()")
+        call = self._call("take_events")
         t, m = self._both(call, lambda: list(self.target.take_events()), self.model.take_events)
         if [event_tuple(e) for e in t] != [event_tuple(e) for e in m]:
             raise self._diverge(call, _fmt_events(t), _fmt_events(m))
         return t
 
     def get_stats(self) -> Any:
-        call = self._call("get_stats()")
+        call = self._call("get_stats")
         t, m = self._both(call, self.target.get_stats, self.model.get_stats)
         td, md = stats_dict(t), stats_dict(m)
         if not _same_stats(td, md):
