@@ -49,8 +49,9 @@ Transfers (both return at once; ``kind`` is ``"store"`` for GPU -> CPU, ``"load"
   still reports them). Unknown and already reported ids are ignored.
 - ``fail_next(n=1, kind=None)``: the next ``n`` accepted jobs (of ``kind``, or of either
   direction) fail: each is reported with ``success=False`` and writes nothing. A copy that
-  raises is also reported with ``success=False``; its destination bytes are then unspecified
-  (an injected failure is the only kind that guarantees nothing was written).
+  raises is also reported with ``success=False`` (the exception is kept in
+  ``worker.last_error``); its destination bytes are then unspecified (an injected failure is the
+  only kind that guarantees nothing was written).
 - ``pending_job_ids()``: ids submitted and not yet reported, in submission order.
 
 Paths: when the GPU tensors live on a CUDA device, the CPU tier is pinned, and each job runs on
@@ -235,6 +236,7 @@ class OffloadWorker:
         self._block_writers: dict[int, set[int]] = {}  # loads
         self._block_readers: dict[int, set[int]] = {}  # stores
         self._staging: dict[torch.dtype, torch.Tensor] = {}
+        self.last_error: BaseException | None = None  # why the last copy that raised failed
         self._streams: dict[str, Any] = {}
         if self.is_cuda:
             self._streams = {k: torch.cuda.Stream(device=device) for k in KINDS}
@@ -461,6 +463,7 @@ class OffloadWorker:
 
     def _mark_failed(self, job: _Job, exc: BaseException) -> None:
         job.success, job.error = False, exc
+        self.last_error = exc
         job.start_event = job.end_event = None
 
     def _result(self, job: _Job) -> TransferResult:

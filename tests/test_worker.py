@@ -19,7 +19,7 @@ from properties.worker_machine import BAD_MACHINES, OffloadWorkerMachine
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")])]
-MACHINE_DEVICE = "cuda" if HAS_CUDA else "cpu"  # the machine takes the CUDA path when it can
+
 
 
 class Layout:
@@ -281,6 +281,7 @@ def test_a_copy_that_raises_is_reported_as_failed(monkeypatch):
     w.submit_store(1, [0], [0])
     [r] = w.get_finished()
     assert (r.job_id, r.success, r.bytes) == (1, False, 0)
+    assert "on fire" in str(w.last_error)
 
 
 def test_fail_next_checks_its_arguments():
