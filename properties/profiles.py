@@ -11,6 +11,9 @@ _COMMON = dict(
                            HealthCheck.data_too_large],
     stateful_step_count=30,
     report_multiple_bugs=False,
+    # The explain phase costs 15-30 s per failing state machine and adds nothing to a shrunk
+    # program that already prints every step.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
 )
 
 settings.register_profile("dev", max_examples=200, **_COMMON)
