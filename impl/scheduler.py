@@ -310,7 +310,8 @@ class Scheduler:
     def __init__(self, manager: Any, worker: Any | None = None, *, block_size: int = 16,
                  blocks_per_chunk: int = 1, num_gpu_blocks: int = 1 << 20, max_running: int = 16,
                  max_tokens_per_step: int | None = None, group_idx: int = 0,
-                 audit_threshold: int | None = None, on_step: Callable[[int], None] | None = None):
+                 audit_threshold: int | None = None, on_step: Callable[[int], None] | None = None,
+                 verify_data: bool = False):
         for name, value in (("block_size", block_size), ("blocks_per_chunk", blocks_per_chunk),
                             ("num_gpu_blocks", num_gpu_blocks), ("max_running", max_running)):
             if not isinstance(value, int) or value < 1:
@@ -344,6 +345,11 @@ class Scheduler:
         self.offerers: dict[bytes, set[tuple[int, int]]] = {}
         self.cold: list[tuple[int, bytes, int]] = []  # (step, key, distinct offerers), first 100
         self._advance = getattr(self.worker, "advance", None)
+        # verify_data: a worker with data tags (write_gpu / gpu_tag / chunk_tags) is checked:
+        # each completed load must bring its blocks' data, each stored chunk must hold its key's
+        self._gpu_tag = getattr(self.worker, "gpu_tag", None) if verify_data else None
+        self._chunk_hashes: dict[bytes, tuple[bytes, ...]] = {}
+        self.data_errors: list[str] = []
         self._new_context = getattr(manager, "new_context", None) or ReqContext
         self._write = getattr(self.worker, "write_gpu", None)
 
@@ -356,6 +362,10 @@ class Scheduler:
             raise ValueError(f"request {req.req_id!r} needs {-(-tokens // self.block_size)} GPU "
                              f"blocks; there are {self.num_gpu_blocks}")
         req.keys = chunk_keys(req.block_hashes, self.blocks_per_chunk, self.group_idx)
+        if self._gpu_tag is not None:
+            bpc = self.blocks_per_chunk
+            for i, key in enumerate(req.keys):
+                self._chunk_hashes[key] = tuple(req.block_hashes[i * bpc:(i + 1) * bpc])
         req.ctx = self._new_context(req.req_id)
         req.serial = self._next_serial
         self._next_serial += 1
@@ -416,6 +426,21 @@ class Scheduler:
         for req in (*self.running, *self._finishing):  # waiting and held ones are at 0
             req.store_pos = 0
             req.restarted = "reset"
+
+    def stored_data_errors(self) -> list[str]:
+        """With ``verify_data``: every chunk whose store completed holds its key's blocks."""
+        chunk_tags = getattr(self.worker, "chunk_tags", None)
+        if self._gpu_tag is None or chunk_tags is None:
+            return []
+        pending = {k for job in self._jobs.values() if job.kind == "store" for k in job.keys}
+        errors = []
+        for key, chunk in self.chunk_of.items():
+            if key in pending:
+                continue
+            held = tuple(chunk_tags(chunk))
+            if held != self._chunk_hashes.get(key):
+                errors.append(f"chunk {chunk} of key {key.hex()} holds {held!r}")
+        return errors
 
     @property
     def idle(self) -> bool:
@@ -697,6 +722,13 @@ class Scheduler:
         req.state = RequestState.RUNNING
         if success:
             req.num_computed = len(job.keys) * self.chunk_tokens
+            if self._gpu_tag is not None:
+                for b in range(len(job.keys) * self.blocks_per_chunk):
+                    got = self._gpu_tag(req.block_table[b])
+                    if got != req.block_hashes[b] and len(self.data_errors) < 100:
+                        self.data_errors.append(
+                            f"step {self.step_no}: {req.req_id}'s block {b} loaded from chunk "
+                            f"{job.chunk_ids[b // self.blocks_per_chunk]} holds {got!r}")
         # a failed load: the blocks are there but hold nothing; recompute from token 0
 
     def _free(self, req: Request) -> None:

@@ -106,7 +106,10 @@ class ReplaySettings:
     store_delay: int = 2
     load_delay: int = 1
     reset_every: int = 0  # steps between cache resets; 0: never
-    fail_every: int = 0  # every N-th store job's copy fails; 0: none
+    fail_every: int = 0  # every N-th store job's copy fails; 0: none (null worker)
+    worker: str = "null"  # "null": no bytes, jobs complete after the delays; "copy": impl.worker
+    device: str = "cpu"  # the copy worker's KV tensors
+    verify: bool = False  # check data: loads bring their blocks, chunks hold their keys' blocks
     ms_per_step: float = 0.0  # > 0: arrivals by timestamp; 0: back-pressure
     limit: int | None = None  # first N requests of the trace
 
@@ -139,6 +142,8 @@ class ReplayReport:
     seconds: float = 0.0
     checked: bool = False
     divergence: str | None = None
+    data_errors: int | None = None  # None: data not verified
+    data_error_examples: list[str] = field(default_factory=list)
     cold_examples: list[str] = field(default_factory=list)
 
     @property
@@ -159,8 +164,10 @@ class ReplayReport:
 
 def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
            settings: ReplaySettings = ReplaySettings(), *, check: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> ReplayReport:
-    """Replay ``trace`` against ``target`` (a spec or a resolved target) under ``settings``."""
+           progress: Callable[[int, int], None] | None = None,
+           worker: Any | None = None) -> ReplayReport:
+    """Replay ``trace`` against ``target`` (a spec or a resolved target) under ``settings``.
+    ``worker``: a worker to use instead of the one ``settings.worker`` names."""
     s = settings
     tgt = resolve(target) if isinstance(target, str) else target
     policy = s.policy or tgt.policies[0]
@@ -175,13 +182,22 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
                                                s.max_tracker_size),
                                 foreign=getattr(tgt, "foreign", False))
         manager = proxy
-    worker = NullWorker(delay=s.store_delay, blocks_per_chunk=s.blocks_per_chunk,
-                        load_delay=s.load_delay, fail_every=s.fail_every)
+    verify = s.verify or s.worker == "copy"
+    if worker is not None:
+        pass
+    elif s.worker == "copy":
+        from .tagged_worker import TaggedCopyWorker
+        worker = TaggedCopyWorker(s.gpu_blocks, s.num_chunks, s.blocks_per_chunk,
+                                  device=s.device)
+    else:
+        worker = NullWorker(delay=s.store_delay, blocks_per_chunk=s.blocks_per_chunk,
+                            load_delay=s.load_delay, fail_every=s.fail_every, track_data=verify)
     sched = Scheduler(manager, worker, block_size=s.block_size,
                       blocks_per_chunk=s.blocks_per_chunk, num_gpu_blocks=s.gpu_blocks,
                       max_running=s.max_running, max_tokens_per_step=s.prefill_tokens,
                       audit_threshold=s.store_threshold,
-                      on_step=proxy.set_step if proxy is not None else None)
+                      on_step=proxy.set_step if proxy is not None else None,
+                      verify_data=verify)
     report = ReplayReport(getattr(tgt, "spec", str(target)), s, checked=check)
     total = len(trace)
     started = time.perf_counter()
@@ -216,6 +232,10 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
                  "loads", "prefix_chunks", "prefix_hits"):
         setattr(report, name, getattr(c, name))
     report.stores_in_flight = c.stores_in_flight()
+    if verify:
+        errors = sched.data_errors + sched.stored_data_errors()
+        report.data_errors = len(errors)
+        report.data_error_examples = errors[:5]
     report.hit_rate = c.hit_rate
     from .lockstep import fmt_key
     report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in sched.cold[:5]]
@@ -295,6 +315,11 @@ def format_report(r: ReplayReport) -> str:
     if r.checked:
         lines.append("  lockstep check      " + ("DIVERGED" if r.divergence else
                                                  "every manager call agreed with the model"))
+    if r.data_errors is not None:
+        lines.append(f"  data                {r.data_errors} error(s)" + (
+            "" if r.data_errors else ": every load brought its blocks, every stored chunk "
+            "holds its key's blocks"))
+        lines += [f"  data error: {e}" for e in r.data_error_examples]
     if r.divergence:
         lines.append(r.divergence)
     for example in r.cold_examples:
@@ -387,6 +412,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="reset the cache every N steps; 0: never (default %(default)s)")
     p.add_argument("--fail-every", type=_non_negative, default=d.fail_every,
                    help="make every N-th store job's copy fail; 0: none (default %(default)s)")
+    p.add_argument("--worker", choices=("null", "copy"), default=d.worker,
+                   help="null: jobs complete after the delays, no bytes; copy: the GPU-copy "
+                        "worker moves real bytes (complete when copied; implies --verify) "
+                        "(default %(default)s)")
+    p.add_argument("--device", default=d.device,
+                   help="the copy worker's device, e.g. cuda (default %(default)s)")
+    p.add_argument("--verify", action="store_true",
+                   help="check that loads bring their blocks' data and stored chunks hold "
+                        "their keys' data")
     p.add_argument("--ms-per-step", type=float, default=d.ms_per_step,
                    help="> 0: requests arrive by timestamp, one step = this many ms; "
                         "0: in trace order as running slots free up (default %(default)s)")
@@ -403,6 +437,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
     p.add_argument("--out", metavar="FILE", help="also write the report to FILE")
+    p.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
     return p
 
 
@@ -421,7 +456,8 @@ def _runs(args) -> list[tuple[str, ReplaySettings]]:
                           max_running=args.max_running, gpu_blocks=args.gpu_blocks,
                           prefill_tokens=args.prefill_tokens, store_delay=args.store_delay,
                           load_delay=args.load_delay, reset_every=args.reset_every,
-                          fail_every=args.fail_every,
+                          fail_every=args.fail_every, worker=args.worker,
+                          device=args.device, verify=args.verify,
                           ms_per_step=args.ms_per_step, limit=args.limit)
     targets = args.target or ["impl"]
     thresholds = args.threshold or [base.store_threshold]
@@ -507,10 +543,12 @@ def run_replay(args) -> int:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.as_dict() for r in reports], indent=1) + "\n")
     if args.plot:
         plot_sweep(reports, args.plot, title=Path(args.trace).name)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 1 if any(r.divergence for r in reports) else 0
+    return 1 if any(r.divergence or r.data_errors for r in reports) else 0
 
 
 def main_replay(argv: Sequence[str] | None = None) -> int:

@@ -175,3 +175,30 @@ def test_plot_draws_a_png(tmp_path):
     path = plot_sweep(reports, tmp_path / "sweep.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(format_table(reports, "md").splitlines()) == 2 + len(reports)
+
+
+# --------------------------------------------------------------------------- real bytes
+
+def test_copy_worker_replay_moves_every_block_intact():
+    pytest.importorskip("torch")
+    settings = replace(STRESS[SYNTHETIC], store_threshold=1, blocks_per_chunk=2)
+    report = replay(load_trace(SYNTHETIC, limit=50), "impl", replace(settings, worker="copy"),
+                    check=True)
+    assert report.divergence is None and report.loads > 0 and report.stores_completed > 0
+    assert report.data_errors == 0, report.data_error_examples
+
+
+def test_a_worker_that_reports_before_copying_is_caught_end_to_end():
+    pytest.importorskip("torch")
+    from properties.bad_workers import ReportsBeforeCopy
+    from properties.tagged_worker import TaggedCopyWorker
+    settings = replace(STRESS[SYNTHETIC], store_threshold=1, verify=True)
+    worker = TaggedCopyWorker(settings.gpu_blocks, settings.num_chunks, worker_cls=ReportsBeforeCopy)
+    report = replay(load_trace(SYNTHETIC, limit=80), "impl", settings, worker=worker)
+    assert report.data_errors and "loaded from chunk" in report.data_error_examples[0]
+
+
+def test_null_worker_tags_verify_the_same_way():
+    settings = replace(STRESS[SYNTHETIC], store_threshold=1, verify=True, blocks_per_chunk=3)
+    report = replay(load_trace(SYNTHETIC, limit=80), "impl", settings)
+    assert report.loads > 0 and report.data_errors == 0
