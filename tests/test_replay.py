@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from impl.traces import TRACE_BLOCK_SIZE, TraceError, load_trace
-from properties.replay import ReplaySettings, format_table, main_replay, plot_sweep, replay
+from properties.replay import (ReplaySettings, format_table, main_replay, plot_sweep, replay,
+                               reports_from_json)
 
 DATA = Path(__file__).parent / "data"
 CONVERSATION = DATA / "mooncake_conversation_300.jsonl"
@@ -162,9 +163,13 @@ def test_cli_refuses_an_unknown_target_with_one_line(capsys):
 def test_cli_json_and_a_missing_trace(capsys, tmp_path):
     assert main_replay([str(tmp_path / "none.jsonl")]) == 2
     capsys.readouterr()
-    assert main_replay([str(SYNTHETIC), "--limit", "10", "--format", "json"]) == 0
+    saved = tmp_path / "runs.json"
+    assert main_replay([str(SYNTHETIC), "--limit", "10", "--format", "json",
+                        "--json", str(saved)]) == 0
     (report,) = json.loads(capsys.readouterr().out)
     assert report["requests"] == 10 and report["settings"]["store_threshold"] == 2
+    (again,) = reports_from_json(saved)
+    assert again.requests == 10 and again.settings.limit == 10 and again.accounting_ok()
 
 
 def test_plot_draws_a_png(tmp_path):
