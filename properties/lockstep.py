@@ -13,6 +13,7 @@ The model takes an opaque, hashable handle per request context; the proxy hands 
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -233,7 +234,15 @@ class LockstepManager:
         try:
             m = self.model.prepare_store(keys, req, choice=choice)
         except ModelError as e:
-            raise self._diverge(call, _fmt_store(t), f"refused the target's choice: {e}") from e
+            text = str(e)
+            need = re.search(r"illegal chunk ids .*: need (\d+) distinct ids", text)
+            stored = len(list(t[0]))
+            if need and int(need.group(1)) != stored:  # the admission differs, not the choice
+                raise self._diverge(call, _fmt_store(t), f"admits {need.group(1)} key(s)",
+                                    "admitted keys differ") from e
+            if len(text) > 400:
+                text = text[:400] + " ..."
+            raise self._diverge(call, _fmt_store(t), f"refused the target's choice: {text}") from e
         if self.log is not None:
             self._record(call, {"keys": fmt_keys(keys), "req": req}, _fmt_store(t), _fmt_store(m))
         if (t is None) != (m is None):

@@ -207,3 +207,12 @@ def test_null_worker_tags_verify_the_same_way():
     settings = replace(STRESS[SYNTHETIC], store_threshold=1, verify=True, blocks_per_chunk=3)
     report = replay(load_trace(SYNTHETIC, limit=80), "impl", settings)
     assert report.loads > 0 and report.data_errors == 0
+
+
+def test_foreign_targets_are_checked_with_their_choices_adopted():
+    trace = load_trace(SYNTHETIC, limit=80)
+    ok = replay(trace, "foreign=impl.manager:OffloadingManager", STRESS[SYNTHETIC], check=True)
+    assert ok.divergence is None and ok.admitted > 0
+    bad = replay(trace, "foreign=properties.mutants:EveryOfferCounts", STRESS[SYNTHETIC],
+                 check=True)
+    assert bad.divergence is not None and "admitted keys differ" in bad.divergence
