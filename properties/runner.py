@@ -27,12 +27,15 @@ class RunResult:
     program: list[str] = field(default_factory=list)  # the shrunk counterexample's lines
     history: list[dict] = field(default_factory=list)
     labels: dict[str, int] = field(default_factory=dict)
+    rules: frozenset[str] = frozenset()  # the machine's step rules (set-up rules excluded)
 
     @property
     def shrunk_steps(self) -> int:
         """Steps of the counterexample (``state.<rule>(...)`` lines, set-up rules excluded)."""
-        return sum(1 for line in self.program if line.startswith("state.")
-                   and line[6:].split("(")[0] not in NOT_STEPS)
+        def is_step(name: str) -> bool:
+            return name in self.rules if self.rules else name not in NOT_STEPS
+        return sum(1 for line in self.program
+                   if "state." in line and is_step(line.split("state.", 1)[1].split("(")[0]))
 
     @property
     def message(self) -> str:
@@ -103,7 +106,18 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
         examples=counts["examples"], steps=counts["steps"], error=error,
         program=_program_lines(error) if error else [],
         history=list(getattr(Counted, "last_history", None) or []),
-        labels=dict(labels))
+        labels=dict(labels), rules=_step_rules(machine_cls))
+
+
+def _step_rules(machine_cls) -> frozenset[str]:
+    """Names of the machine's ``@rule`` methods (not ``@initialize`` or ``@invariant``)."""
+    names = set()
+    for name in dir(machine_cls):
+        fn = getattr(machine_cls, name, None)
+        if getattr(fn, "hypothesis_stateful_rule", None) is not None \
+                and getattr(fn, "hypothesis_stateful_initialize_rule", None) is None:
+            names.add(name)
+    return frozenset(names)
 
 
 def _labels_of(machine_cls) -> Counter:

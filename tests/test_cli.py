@@ -1,0 +1,441 @@
+"""The ``kvgate`` gate: every target kind, every exit code, and the failure outputs (a repro
+file that replays the failure under plain pytest, the history as JSON lines, JUnit XML).
+
+Runs are kept small (``--max-examples``/``--steps``) and use the ``ci`` profile, which is
+derandomized and keeps no example database, so each test is deterministic and writes nothing
+outside its ``tmp_path``; the tests run in parallel under pytest-xdist.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from properties.cli import main
+from properties.manager_machine import EXACT_ONLY
+from properties.targets import resolve_target
+from properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
+
+import tests.fake_vllm as fake
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--profile", "ci", "--max-examples", "30", "--steps", "20"]
+FAILING = "mutant:every_offer_counts"  # caught within a few examples, shrunk in about a second
+
+
+def _vllm_importable() -> bool:
+    try:
+        importlib.import_module("vllm.v1.kv_offload.cpu.manager")
+    except Exception:
+        return False
+    return True
+
+
+def kvgate(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check(capsys, *args):
+    return kvgate(capsys, "check", *QUICK, *args)
+
+
+@pytest.fixture(scope="module")
+def failing(tmp_path_factory):
+    """One gate run over impl and a failing mutant, with every output written: its exit code,
+    its printed report, and the repro, history and JUnit files."""
+    import contextlib
+    import io
+    out = tmp_path_factory.mktemp("failing")
+    files = {"repro": out / "repro_every_offer.py", "history": out / "history.jsonl",
+             "junit": out / "kvgate.xml"}
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+        code = main(["check", *QUICK, "--target", "impl", "--target", FAILING,
+                     "--repro", str(files["repro"]), "--history", str(files["history"]),
+                     "--junit-xml", str(files["junit"])])
+    return {"code": code, "out": stdout.getvalue(), "dir": out, **files}
+
+
+# --------------------------------------------------------------------------- exit 0
+
+def test_default_target_passes_and_prints_the_summary(capsys, tmp_path):
+    repro, history = tmp_path / "repro.py", tmp_path / "history.jsonl"
+    code, out, err = check(capsys, "--repro", str(repro), "--history", str(history))
+    assert code == 0, out + err
+    assert not repro.exists() and "repro: nothing to write" in out
+    header = json.loads(history.read_text().splitlines()[0])
+    assert header["passed"] is True and header["error"] is None
+    assert "PASS  manager x impl" in out
+    assert "summary: 1 run; machines: manager;" in out
+    assert "coverage (manager):" in out and "labels hit" in out
+    assert out.rstrip().endswith("result: every property holds (exit 0)")
+    assert err == ""
+
+
+def test_impl_arc(capsys):
+    code, out, _ = check(capsys, "--target", "impl:arc")
+    assert code == 0, out
+    assert "PASS  manager x impl:arc" in out
+
+
+def test_module_attr_target_is_checked_exactly(capsys):
+    code, out, _ = check(capsys, "--target", "impl.manager:OffloadingManager")
+    assert code == 0, out
+    assert "skipped for foreign targets" not in out
+
+
+def test_foreign_target_names_the_skipped_properties(capsys):
+    code, out, _ = check(capsys, "--target", "foreign=impl.manager:OffloadingManager")
+    assert code == 0, out
+    skipped = next(line for line in out.splitlines() if line.startswith("skipped for foreign"))
+    for name in EXACT_ONLY:
+        assert name in skipped
+    assert "admission, skip-metric, safety and event properties ran" in skipped
+
+
+def test_vllm_interface_target_through_the_adapter(capsys):
+    code, out, _ = check(capsys, "--target", "vllm=tests.fake_vllm:FakeManager")
+    assert code == 0, out
+    assert "PASS  manager x vllm=tests.fake_vllm:FakeManager" in out
+    assert "skipped for foreign targets (vllm=tests.fake_vllm:FakeManager)" in out
+
+
+def test_machine_all_runs_every_machine_on_every_target(capsys):
+    code, out, _ = check(capsys, "--machine", "all", "--target", "impl",
+                         "--target", "vllm=tests.fake_vllm:FakeManager")
+    assert code == 0, out
+    for run in ("manager x impl", "scheduler x impl", "manager x vllm=tests.fake_vllm:FakeManager",
+                "scheduler x vllm=tests.fake_vllm:FakeManager"):
+        assert f"PASS  {run}" in out
+    assert "summary: 4 runs; machines: manager, scheduler;" in out
+    assert "coverage (scheduler):" in out
+
+
+def test_seed_is_used_and_shown(capsys):
+    code, out, _ = check(capsys, "--seed", "7")
+    assert code == 0
+    assert "seed 7" in out.splitlines()[0]
+
+
+def test_progress_display_can_be_forced(capsys):
+    code, out, _ = check(capsys, "--progress")
+    assert code == 0
+    assert "result: every property holds (exit 0)" in out
+
+
+# --------------------------------------------------------------------------- exit 1
+
+def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing):
+    code, out = failing["code"], failing["out"]
+    assert code == 1
+    assert "PASS  manager x impl" in out
+    assert f"FAIL  manager x {FAILING}: counterexample in" in out
+    assert "Divergence: prepare_store" in out
+    assert "  target: " in out and "  model:  " in out
+    assert "state = ManagerMachine_mutant_every_offer_counts()" in out
+    assert out.rstrip().endswith("result: counterexample found (exit 1)")
+
+
+def test_module_attr_bad_manager_fails(capsys):
+    code, out, _ = check(capsys, "--target", "properties.mutants:EveryOfferCounts")
+    assert code == 1, out
+
+
+def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    repro = tmp_path / "repro_vllm.py"
+    code, out, _ = check(capsys, "--target", "vllm=tests.fake_vllm:FakeEveryOfferCounts",
+                         "--repro", str(repro))
+    assert code == 1, out
+    assert "Divergence: prepare_store" in out
+    replay = _pytest(repro, tmp_path)  # not from the repository: the file finds tests.fake_vllm
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "Divergence" in replay.stdout
+
+
+# --------------------------------------------------------------------------- exit 2
+
+@pytest.mark.parametrize("args, says", [
+    (["check", "--target", "no_such_module_kvgate:Manager"], "cannot import"),
+    (["check", "--target", "impl.manager:NoSuchManager"], "has no attribute"),
+    (["check", "--target", "tests.fake_vllm:NotAManager"], "lacks the manager interface"),
+    (["check", "--target", "vllm=tests.fake_vllm:NotAManager"], "lacks vLLM's manager"),
+    (["check", "--target", "builtins:len"], "could not be built"),
+    (["check", "--target", "mutant:no_such_variant"], "unknown mutant"),
+    (["check", "--target", "impl.manager"], "is not MODULE:ATTR"),
+    (["check", "--bogus"], "unrecognized arguments"),
+    (["check", "--profile", "fast"], "invalid choice"),
+    (["check", "--max-examples", "0"], "must be >= 1"),
+    (["check", "--machine", "worker"], "invalid choice"),
+    (["check", "--database", "redis://127.0.0.1:1"], "cannot reach"),
+    (["mutants", "--only", "no_such_variant"], "unknown mutant"),
+    (["frobnicate"], "invalid choice"),
+])
+def test_usage_and_target_errors_exit_2_with_one_line(capsys, args, says):
+    code, out, err = kvgate(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert says in err
+
+
+def test_no_command_prints_help_and_exits_2(capsys):
+    code, _, err = kvgate(capsys)
+    assert code == 2
+    assert "check" in err and "mutants" in err
+
+
+@pytest.mark.skipif(_vllm_importable(), reason="vLLM is installed here")
+def test_vllm_target_without_vllm_says_how_to_install(capsys):
+    code, out, err = kvgate(capsys, "check", "--target", "vllm")
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert "pip install --no-deps vllm==" in err
+    assert "CPU build of torch" in err
+
+
+@pytest.mark.vllm
+def test_installed_vllm_target_runs_through_the_adapter(capsys):
+    pytest.importorskip("vllm.v1.kv_offload.cpu.manager")
+    code, out, err = check(capsys, "--target", "vllm")
+    # Upstream may well diverge from the model (that is what the gate is for); it must run.
+    assert code in (0, 1), out + err
+    assert "manager x vllm" in out
+
+
+@pytest.mark.vllm
+def test_vllm_types_come_from_vllm_when_the_module_has_none():
+    pytest.importorskip("vllm.v1.kv_offload.base")
+    target = resolve_vllm("vllm=impl.manager:OffloadingManager")
+    assert target.foreign
+    assert target.make(2, "lru", 2, 4).types.source == "vllm.v1.kv_offload.base"
+
+
+# --------------------------------------------------------------------------- failure outputs
+
+def _pytest(path: Path, cwd: Path, **env) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    environ.update(env)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:randomly", str(path)], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_repro_file_replays_the_failure_under_plain_pytest(failing, tmp_path):
+    repro, out = failing["repro"], failing["out"]
+    message = next(line for line in out.splitlines() if line.startswith("Divergence:"))
+    text = repro.read_text()
+    assert "state = ManagerMachine_mutant_every_offer_counts()" in text
+    assert "state.teardown()" in text
+    compile(text, str(repro), "exec")
+
+    replay = _pytest(repro, tmp_path)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "Divergence" in replay.stdout
+    assert message.split(": ", 1)[1][:60] in replay.stdout
+
+    fixed = _pytest(repro, tmp_path, KVGATE_TARGET="impl")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_repro_replays_from_the_blob_when_steps_cannot_be_printed(tmp_path):
+    """A machine that draws inside its rules prints ``data(...)`` for the draws; its repro
+    replays the failure's choices from the ``@reproduce_failure`` blob instead."""
+    from properties.cli import run_one
+    from properties.repro import Failure, render
+    run = run_one("manager", resolve_target(FAILING), "ci", None, 30, 20, None)
+    r = run.result
+    notes = [n for note in r.error.__notes__ for n in note.splitlines()]
+    program = [line.replace("key_names=['A']", "key_names=data(...)") for line in r.program]
+    failure = Failure("manager", FAILING, r.machine, r.message, program, notes, 20)
+    assert not failure.replayable_steps and failure.blob
+    repro = tmp_path / "repro_blob.py"
+    repro.write_text(render([failure], str(repro)))
+    assert "reproduce_failure(" in repro.read_text()
+    replay = _pytest(repro, tmp_path)
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    assert "Divergence" in replay.stdout
+    fixed = _pytest(repro, tmp_path, KVGATE_TARGET="impl")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_history_is_json_lines_ending_at_the_divergence(failing):
+    lines = [json.loads(line) for line in failing["history"].read_text().splitlines()]
+    runs = [line for line in lines if "target_spec" in line]
+    assert [r["target_spec"] for r in runs] == ["impl", FAILING]
+    assert runs[0]["passed"] is True and runs[0]["error"] is None
+    start = lines.index(runs[1])
+    header, steps = lines[start], lines[start + 1:]
+    assert header["machine"] == "manager" and header["target_spec"] == FAILING
+    assert header["passed"] is False and header["error"].startswith("Divergence")
+    assert steps and steps[0]["call"] == "configure"
+    assert all(s["run"] == f"manager x {FAILING}" for s in steps)
+    last = steps[-1]
+    assert last["call"] == "prepare_store" and last["target"] != last["model"]
+
+
+def test_junit_xml_has_one_testcase_per_run_and_the_failure(failing):
+    root = ET.parse(failing["junit"]).getroot()
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["impl", FAILING]
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    assert cases[0].find("failure") is None
+    failure = cases[1].find("failure")
+    assert failure.get("message").startswith("Divergence: prepare_store")
+    assert "state = ManagerMachine_mutant_every_offer_counts()" in failure.text
+
+
+# --------------------------------------------------------------------------- example database
+
+def test_directory_database_shares_a_failure_with_the_next_run(capsys, tmp_path):
+    db = tmp_path / "examples"
+    first = check(capsys, "--target", FAILING, "--database", str(db))
+    assert first[0] == 1 and any(db.rglob("*"))
+    second = check(capsys, "--target", FAILING, "--database", str(db))
+    assert second[0] == 1
+    examples = [int(line.split("(")[1].split(" examples")[0])
+                for code, out, _ in (first, second) for line in out.splitlines()
+                if line.startswith("FAIL")]
+    assert examples[1] < examples[0]  # the stored failure is replayed first
+
+
+def test_redis_database_shares_a_failure(capsys, monkeypatch):
+    redis = pytest.importorskip("redis")
+    fakeredis = pytest.importorskip("fakeredis")
+    server = fakeredis.FakeServer()
+    monkeypatch.setattr(redis.Redis, "from_url",
+                        classmethod(lambda cls, url, **kw: fakeredis.FakeRedis(server=server)))
+    code, out, _ = check(capsys, "--target", FAILING, "--database", "redis://ci-cache:6379/0")
+    assert code == 1
+    assert "database redis://ci-cache:6379/0" in out.splitlines()[0]
+    assert fakeredis.FakeRedis(server=server).keys("hypothesis-example:*")  # shared from here
+
+
+# --------------------------------------------------------------------------- mutants, list, replay
+
+def test_mutants_prints_a_table_and_exits_0_when_all_are_caught(capsys):
+    code, out, _ = kvgate(capsys, "mutants", *QUICK, "--only", "every_offer_counts")
+    assert code == 0, out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("variant"))
+    assert header.split() == ["variant", "caught", "steps", "seconds"]
+    row = next(line.split() for line in lines if line.startswith("every_offer_counts"))
+    assert row[1] == "yes" and int(row[2]) >= 1
+    assert "summary: 1/1 caught" in out
+
+
+def test_mutants_exit_1_when_a_variant_escapes(capsys, tmp_path):
+    report = tmp_path / "mutants.xml"
+    code, out, _ = kvgate(capsys, "mutants", "--profile", "ci", "--max-examples", "1",
+                          "--steps", "1", "--only", "arc_ghosts_untrimmed",
+                          "--junit-xml", str(report))
+    assert code == 1, out
+    assert "escaped: manager x arc_ghosts_untrimmed" in out
+    assert ET.parse(report).getroot().find("testsuite/testcase/failure") is not None
+
+
+def test_list_names_targets_mutants_and_machines(capsys):
+    code, out, _ = kvgate(capsys, "list")
+    assert code == 0
+    for word in ("impl", "impl:arc", "mutant:NAME", "MODULE:ATTR", "foreign=MODULE:ATTR",
+                 "vllm=MODULE:ATTR", "every_offer_counts", "manager", "scheduler", "vllm:"):
+        assert word in out
+
+
+def test_replay_is_a_subcommand(capsys):
+    code, out, _ = kvgate(capsys, "replay", "--help")
+    assert code == 0
+    assert "trace" in out
+
+
+def test_console_script_entry_point(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "properties.cli", "check", *QUICK,
+                          "--max-examples", "5"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "CI": "true"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "result: every property holds (exit 0)" in run.stdout
+
+
+# --------------------------------------------------------------------------- the vLLM adapter
+
+TYPES = VllmTypes.from_module(fake)
+
+
+def _adapter(**kw) -> VllmAdapter:
+    return VllmAdapter(fake.FakeManager(4, enable_events=True, **kw), types=TYPES)
+
+
+def test_adapter_speaks_our_keys_and_plain_values():
+    from impl.base import make_key
+    a, b = make_key(b"a"), make_key(b"b", 1)
+    adapter = _adapter(store_threshold=2, max_tracker_size=8)
+    ctx = adapter.new_context("r0")
+    assert isinstance(ctx, fake.ReqContext) and ctx.kv_transfer_params is None
+    adapter.on_new_request(ctx)
+    assert adapter.prepare_store([a, b], ctx) == ([], [], [])
+    assert adapter.tracker_items() == [(a, 1), (b, 1)]
+    other = adapter.new_context("r1")
+    assert adapter.prepare_store([a], other) == ([a], [0], [])
+    assert adapter.lookup(a, other) == "HIT_PENDING"
+    stats = adapter.get_stats()
+    assert stats["vllm:kv_offload_stores_skipped"] == 2
+    assert stats["vllm:kv_offload_cpu_allocation_size"] == [1]  # from the unreduced samples
+    assert adapter.get_stats()["vllm:kv_offload_cpu_allocation_size"] == []
+    adapter.complete_store([a], other)
+    assert adapter.take_events() == [((a,), False, False)]
+    assert adapter.take_events() == []
+    assert adapter.prepare_load([a], other) == [0]
+    assert adapter.free_chunks() is None and adapter.chunk_of(a) is None
+
+
+def test_adapter_drains_events_only_by_iterating_the_generator():
+    from impl.base import make_key
+    adapter = _adapter()
+    ctx = adapter.new_context("r0")
+    adapter.prepare_store([make_key(b"a")], ctx)
+    adapter.complete_store([make_key(b"a")], ctx)
+    adapter.manager.take_events()  # a generator not iterated: nothing drained
+    assert len(adapter.take_events()) == 1
+
+
+def test_adapter_tolerates_events_without_metadata_only_and_summarised_histograms():
+    class Event:
+        def __init__(self, keys, removed):
+            self.keys, self.removed = keys, removed
+
+    class Stats:
+        def reduce(self):
+            return {"vllm:kv_offload_cpu_allocation_size": 3.5,  # a reduced summary
+                    "vllm:kv_offload_cpu_cache_usage_perc": 0.25, "other": 1}
+
+    class Manager(fake.FakeManager):
+        def take_events(self):
+            yield Event([fake.make_offload_key(b"a", 0)], True)
+
+        def get_stats(self):
+            return Stats()
+
+    from impl.base import make_key
+    adapter = VllmAdapter(Manager(2), types=TYPES)
+    adapter.lookup(make_key(b"a"), adapter.new_context("r0"))  # the adapter has seen key a
+    assert adapter.take_events() == [((make_key(b"a"),), True, False)]
+    assert adapter.get_stats() == {"vllm:kv_offload_cpu_cache_usage_perc": 0.25}
+
+
+def test_adapter_builds_with_vllm_constructor_names():
+    target = resolve_vllm("vllm=tests.fake_vllm:FakeManager")
+    adapter = target.make(3, "arc", 2, 5)
+    assert adapter.manager._m.num_chunks == 3 and adapter.manager._m.cache_policy == "arc"
+    assert adapter.manager._m.tracker is not None and adapter.manager._m._events is not None
+    assert target.foreign and target.policies == ("lru", "arc")
+    assert resolve_target("vllm=tests.fake_vllm:FakeManager").foreign
