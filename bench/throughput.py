@@ -1,0 +1,290 @@
+"""Table 2: how fast the state machines run on impl, and where their time goes.
+
+Each machine runs twice under the ``ci`` profile (derandomized, so both runs draw the same
+examples): once as it stands, for steps per second, and once with timing proxies around the
+objects it drives, for the split. A proxy times every method call on the object it wraps;
+the timing is *exclusive* (a call's time minus the time of the timed calls made inside it), so
+no second is counted twice. What no proxy covers is Hypothesis (drawing, bundles, reporting)
+plus the machine's own glue (comparisons, history, labels) and the proxies' own cost.
+
+- manager machine: ``model`` (model.cache.Model) and ``target`` (the adapter and impl's manager
+  behind it);
+- scheduler machine: ``model``, ``target`` = impl's manager + the scheduler driver and its
+  NullWorker, the lockstep proxy's comparisons counted apart;
+- worker machine: ``target`` = impl's OffloadWorker, ``model`` = the byte model (the helpers that
+  update what every byte should hold, and the invariant comparing them).
+
+    python -m bench.throughput [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+
+from properties.manager_machine import make_machine
+from properties.runner import run_machine
+from properties.targets import resolve_target
+
+GOAL_STEPS_PER_S = 1000.0  # the manager-vs-model machine on impl
+GLUE = "machine glue"
+LOCKSTEP = "lockstep comparisons"
+HYPOTHESIS = "Hypothesis"
+
+
+class Stopwatch:
+    """Exclusive time per category: nested timed calls are subtracted from their caller."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[list[float]] = []  # [start, time spent in timed callees]
+
+    def call(self, category: str, fn, *args, **kwargs):
+        clock = time.perf_counter
+        frame = [clock(), 0.0]
+        self._stack.append(frame)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            elapsed = clock() - frame[0]
+            self._stack.pop()
+            self.totals[category] += elapsed - frame[1]
+            self.calls[category] += 1
+            if self._stack:
+                self._stack[-1][1] += elapsed
+
+
+class Timed:
+    """Stands for ``obj``: method calls are timed under ``category``; attributes pass through
+    (reads and writes), so the machine cannot tell it from the object."""
+
+    __slots__ = ("_obj", "_watch", "_category")
+
+    def __init__(self, obj, watch: Stopwatch, category: str):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_watch", watch)
+        object.__setattr__(self, "_category", category)
+
+    def __getattr__(self, name):
+        value = getattr(self._obj, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+        watch, category = self._watch, self._category
+
+        def timed(*args, **kwargs):
+            return watch.call(category, value, *args, **kwargs)
+
+        return timed
+
+    def __setattr__(self, name, value):
+        setattr(self._obj, name, value)
+
+    def __repr__(self):
+        return repr(self._obj)
+
+
+def timed_machine(base: type, watch: Stopwatch, install, model_methods=()) -> type:
+    """A subclass of ``base`` whose rules, set-up rules and invariants are timed as machine
+    glue, whose ``model_methods`` are timed as model, and in which ``install(machine)`` runs
+    after each set-up rule to put the timing proxies in place.
+
+    Hypothesis calls a rule's ``function`` as it stood when the rule was declared, so an
+    override would not be called: the subclass hands Hypothesis copies of the rules with the
+    function wrapped instead (``setup_state``, the class method Hypothesis reads them from)."""
+    cache: dict[type, object] = {}
+
+    def glue(fn, after=None):
+        @functools.wraps(fn)
+        def timed(machine, *args, **kwargs):
+            result = watch.call(GLUE, fn, machine, *args, **kwargs)
+            if after is not None:
+                after(machine)
+            return result
+        return timed
+
+    def model_method(name):
+        parent = getattr(base, name)
+
+        @functools.wraps(parent)
+        def method(self, *args, **kwargs):
+            return watch.call("model", parent, self, *args, **kwargs)
+        return method
+
+    class TimedMachine(base):
+        @classmethod
+        def setup_state(cls):
+            try:
+                return cache[cls]
+            except KeyError:
+                pass
+            state = super().setup_state()
+            cache[cls] = type(state)(
+                rules=[replace(r, function=glue(r.function)) for r in state.rules],
+                initializers=[replace(r, function=glue(r.function, install))
+                              for r in state.initializers],
+                invariants=[replace(i, function=glue(i.function)) for i in state.invariants])
+            return cache[cls]
+
+    for name in model_methods:
+        setattr(TimedMachine, name, model_method(name))
+    # Same name: the runner keys derandomized runs on it, so both runs draw the same examples.
+    TimedMachine.__name__ = TimedMachine.__qualname__ = base.__name__
+    TimedMachine.__module__ = base.__module__
+    return TimedMachine
+
+
+# --------------------------------------------------------------------------- the machines
+
+def manager_machine(spec: str, watch: Stopwatch | None):
+    base = make_machine(resolve_target(spec))
+    if watch is None:
+        return base
+
+    def install(machine):
+        machine.model = Timed(machine.model, watch, "model")
+        machine.target = Timed(machine.target, watch, "target")
+
+    return timed_machine(base, watch, install)
+
+
+def scheduler_machine(watch: Stopwatch | None):
+    from impl.manager import OffloadingManager
+    from properties.scheduler_machine import machine_for
+
+    def impl_manager(num_chunks, cache_policy="lru", store_threshold=1,
+                     max_tracker_size=64_000):
+        return OffloadingManager(num_chunks, cache_policy=cache_policy,
+                                 store_threshold=store_threshold,
+                                 max_tracker_size=max_tracker_size)
+
+    base = machine_for(impl_manager)
+    if watch is None:
+        return base
+
+    def install(machine):
+        if isinstance(machine.sched, Timed):
+            return
+        model = Timed(machine.model, watch, "model")
+        machine.model = machine.proxy.model = model
+        machine.proxy.target = Timed(machine.proxy.target, watch, "target: manager")
+        machine.sched.manager = Timed(machine.proxy, watch, LOCKSTEP)
+        machine.worker = machine.sched.worker = Timed(machine.worker, watch, "target: driver")
+        machine.sched = Timed(machine.sched, watch, "target: driver")
+
+    return timed_machine(base, watch, install)
+
+
+# The byte model's helpers: what every byte should hold, and which jobs may touch what.
+WORKER_MODEL_METHODS = ("_content", "_padding", "_set_gpu_label", "_set_slot_label", "_touched",
+                        "_choose", "_slots", "_snapshot")
+
+
+def worker_machine(watch: Stopwatch | None):
+    from properties.worker_machine import OffloadWorkerMachine as base
+    if watch is None:
+        return base
+
+    def install(machine):
+        if not isinstance(machine.worker, Timed):
+            machine.worker = Timed(machine.worker, watch, "target")
+
+    return timed_machine(base, watch, install, WORKER_MODEL_METHODS)
+
+
+MACHINES = {
+    "manager vs model, impl:lru": lambda w: manager_machine("impl:lru", w),
+    "manager vs model, impl:arc": lambda w: manager_machine("impl:arc", w),
+    "scheduler machine, impl": scheduler_machine,
+    "worker machine, impl": worker_machine,
+}
+# Examples per run, by level (the ci profile itself runs 600).
+LEVELS = ("full", "quick", "smoke")
+EXAMPLES = {"manager vs model, impl:lru": (300, 40, 3), "manager vs model, impl:arc": (300, 40, 3),
+            "scheduler machine, impl": (150, 20, 3), "worker machine, impl": (60, 10, 3)}
+
+
+@dataclass
+class Row:
+    machine: str
+    examples: int
+    steps: int
+    seconds: float
+    timed_seconds: float
+    split: dict[str, float] = field(default_factory=dict)  # category -> seconds (timed run)
+    passed: bool = True
+    cpu_seconds: float = 0.0  # this process's CPU time for the plain run
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_steps_per_s(self) -> float:
+        return self.steps / self.cpu_seconds if self.cpu_seconds else 0.0
+
+    def share(self, prefix: str) -> float:
+        total = sum(v for k, v in self.split.items() if k.startswith(prefix))
+        return total / self.timed_seconds if self.timed_seconds else 0.0
+
+
+def measure(level: str = "full", profile: str = "ci", progress=None) -> list[Row]:
+    rows = []
+    for name, build in MACHINES.items():
+        n = EXAMPLES[name][LEVELS.index(level)]
+        cpu = time.process_time()
+        plain = run_machine(build(None), profile, max_examples=n)
+        cpu = time.process_time() - cpu
+        watch = Stopwatch()
+        timed = run_machine(build(watch), profile, max_examples=n)
+        split = dict(watch.totals)
+        split[HYPOTHESIS] = timed.seconds - sum(watch.totals.values())
+        rows.append(Row(name, plain.examples, plain.steps, plain.seconds, timed.seconds, split,
+                        plain.passed and timed.passed and plain.steps == timed.steps, cpu))
+        if progress:
+            progress(f"{name}: {plain.steps / plain.seconds:,.0f} steps/s")
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    out = ["| machine (impl) | examples | steps | seconds | steps/s | steps/s (CPU) | model "
+           "| target | machine glue | Hypothesis | notes |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        notes = [f"{k} {v / r.timed_seconds:.0%}" for k, v in r.split.items()
+                 if ": " in k or k == LOCKSTEP]
+        notes.append(f"timed run {r.timed_seconds / r.seconds:.2f}x as long")
+        glue = r.share(GLUE) + r.share(LOCKSTEP)
+        out.append(f"| {r.machine}{'' if r.passed else ' (FAILED)'} | {r.examples} | {r.steps} "
+                   f"| {r.seconds:.2f} | {r.steps_per_s:,.0f} | {r.cpu_steps_per_s:,.0f} "
+                   f"| {r.share('model'):.0%} "
+                   f"| {r.share('target'):.0%} | {glue:.0%} | {r.share(HYPOTHESIS):.0%} "
+                   f"| {'; '.join(notes)} |")
+    return "\n".join(out)
+
+
+def goal(rows: list[Row]) -> tuple[bool, str]:
+    managers = [r for r in rows if r.machine.startswith("manager vs model")]
+    worst = min(r.steps_per_s for r in managers)
+    worst_cpu = min(r.cpu_steps_per_s for r in managers)
+    met = worst >= GOAL_STEPS_PER_S and all(r.passed for r in managers)
+    return met, (f"manager-vs-model machine on impl: {worst:,.0f} steps/s at the slower policy "
+                 f"(goal >= {GOAL_STEPS_PER_S:,.0f}): {'met' if met else 'NOT met'}; per second "
+                 f"of CPU time {worst_cpu:,.0f} steps")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args(argv)
+    rows = measure("quick" if args.quick else "full")
+    print(table(rows))
+    print(goal(rows)[1])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

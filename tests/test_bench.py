@@ -1,0 +1,35 @@
+"""The benchmark command runs and prints every table (``--smoke``: the shortest runs).
+
+Only that the tables are there is checked: timings are measured in bench/, never asserted.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_bench_prints_every_table_and_writes_the_results_file(tmp_path):
+    out = tmp_path / "results.md"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    for number, title in enumerate(("Bug finding", "Machine throughput", "Manager speed",
+                                    "Copy bandwidth", "Scaling"), start=1):
+        assert f"## {number}. {title}" in text
+    section = {n: part for n, part in enumerate(text.split("\n## ")[1:6], start=1)}
+    for n in (1, 2, 3):  # markdown tables of our own
+        assert "|---" in section[n], section[n]
+    assert "every_offer_counts" in section[1]
+    assert "manager vs model, impl:lru" in section[2]
+    assert "| impl | lru |" in section[3]
+    assert "worker / plain index_copy_" in section[4]
+    assert "64,000-key tracker" in section[5]
+    for n in range(1, 6):
+        assert "Goal" in section[n]
+    written = out.read_text()
+    assert "platform:" in written and "CPU:" in written and "load average" in written
+    assert written.count("## ") == 6  # five tables and the goals
