@@ -38,6 +38,15 @@ Choices where the SPEC is silent (written down here, tested in ``tests/test_sche
 - A failed load is released with ``complete_load`` like any other, and the request recomputes
   its prompt from token 0.
 - Decode tokens are not hashed: only prompt blocks are offered.
+- Scheduling: running requests first, in admission order, each a prefill chunk or one decode
+  token within the step's token budget; a running request short of GPU blocks preempts the
+  latest running request (possibly itself); waiting requests are admitted in order while
+  slots, budget and blocks allow, never by preemption, and not at all in a step that
+  preempted. A request that could never fit in the GPU blocks is refused by ``add_request``.
+- A reset restarts the stores of running, loading and finishing requests at chunk 0 (waiting
+  and held ones are at 0 already); a finishing request's last offer then covers all its chunks.
+- The finish-time offer is made only when the request has keys past its store position (its
+  last offer failed, or it finished before its newest chunks were offered).
 """
 from __future__ import annotations
 
