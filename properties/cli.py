@@ -716,6 +716,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kvgate: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`kvgate list | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":
