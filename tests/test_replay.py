@@ -17,13 +17,14 @@ DATA = Path(__file__).parent / "data"
 CONVERSATION = DATA / "mooncake_conversation_300.jsonl"
 SYNTHETIC = DATA / "mooncake_synthetic_200.jsonl"
 
-# Small tier, slow stores, resets and short GPU memory: allocation failures, retries,
-# finish-time retries, preemptions, loads and stale completions all happen on these slices.
+# Small tier and tracker, slow stores, resets and short GPU memory: allocation failures,
+# retries, finish-time retries, preemptions, loads, tracker push-outs and stale completions all
+# happen on these slices.
 STRESS = {
     CONVERSATION: ReplaySettings(num_chunks=256, store_threshold=2, store_delay=4,
-                                 reset_every=251, gpu_blocks=700),
+                                 reset_every=251, gpu_blocks=700, max_tracker_size=2048),
     SYNTHETIC: ReplaySettings(num_chunks=256, store_threshold=2, store_delay=4,
-                              reset_every=97, gpu_blocks=300),
+                              reset_every=97, gpu_blocks=300, max_tracker_size=2048),
 }
 SLICES = [pytest.param(CONVERSATION, id="conversation"), pytest.param(SYNTHETIC, id="synthetic")]
 
