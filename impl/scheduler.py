@@ -227,6 +227,7 @@ class Request:
         if num_prompt_tokens < 0:
             raise ValueError(f"num_prompt_tokens must be >= 0, got {num_prompt_tokens!r}")
         self.req_id = req_id
+        self.tokens: list[int] | None = None  # the prompt, when the request was made from it
         self.block_hashes = list(block_hashes)
         self.num_prompt_tokens = num_prompt_tokens
         self.max_output_tokens = max_output_tokens
