@@ -37,7 +37,7 @@ def main() -> int:
 
     head = trace[:args.check_limit]
     t = time.perf_counter()
-    plain = replay(head, "impl", settings)
+    replay(head, "impl", settings)
     plain_s = time.perf_counter() - t
     t = time.perf_counter()
     checked = replay(head, "impl", settings, check=True)
