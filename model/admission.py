@@ -27,15 +27,21 @@ def admission_step(
     """Record one offer; return (tracker, counted, skipped, admitted, new_skips).
 
     ``counted``/``skipped``: the keys this request counted/was skipped on in this generation.
-    ``resident``: ready or pending keys (never candidates).
+    ``resident``: ready or pending keys (never candidates). The last four ``post:``: A6; A1
+    (nothing filtered or tracked below 2); A2/A7 (an offered tracked key gains one iff this
+    request has not counted it in this generation). Laws over several offers: ``laws.py``.
 
-    pre: threshold >= 0 and max_tracker_size >= 1
-    pre: len(tracker) <= max_tracker_size
+    pre: threshold >= 0 and max_tracker_size >= 1 and (threshold >= 2 or not tracker)
+    pre: len(tracker) <= max_tracker_size and len(dict(tracker)) == len(tracker)
     post: set(__return__[3]) <= set(offer) - resident
     post: len(set(__return__[3])) == len(__return__[3])
     post: len(__return__[0]) <= max_tracker_size
     post: counted <= __return__[1] and skipped <= __return__[2]
     post: __return__[4] == len(__return__[2] - skipped)
+    post: threshold < 2 or all(dict(__return__[0])[k] >= threshold for k in __return__[3])
+    post: threshold >= 2 or __return__[:3] + __return__[4:] == (tracker, counted, skipped, 0)
+    post: threshold >= 2 or set(__return__[3]) == set(offer) - resident
+    post: all(dict(__return__[0])[k] - n == (k not in counted) for k, n in tracker if k in offer)
     """
     offer = tuple(dict.fromkeys(offer))  # a repeated key is one offer of it
     candidates = [k for k in offer if k not in resident]

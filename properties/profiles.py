@@ -1,4 +1,8 @@
-"""Hypothesis settings profiles: ``dev``, ``ci`` and ``thorough``."""
+"""Hypothesis settings profiles: ``dev``, ``ci``, ``thorough`` and ``crosshair``.
+
+``crosshair`` runs tests on CrossHair's symbolic backend (hypothesis-crosshair): each example is
+a path the solver picked, so fewer are needed; meant for the admission-level property tests.
+"""
 from __future__ import annotations
 
 import os
@@ -26,7 +30,9 @@ settings.register_profile(
     max_examples=2000,
     **{**_COMMON, "stateful_step_count": 50},
 )
-PROFILES = ("dev", "ci", "thorough")
+settings.register_profile("crosshair", backend="crosshair", max_examples=100, database=None,
+                          **_COMMON)
+PROFILES = ("dev", "ci", "thorough", "crosshair")
 
 
 def default_profile() -> str:

@@ -1,0 +1,156 @@
+"""Symbolic checks of the admission rule: the steps ``crosshair diffbehavior`` compares, the
+known-bad step, a runner for CrossHair's commands, and PEP 316 contracts on concrete inputs.
+
+``every_offer_counts_step`` is impl's tracker with the request's ``counted`` record ignored, so
+that every offer counts (``mutants.EveryOfferCounts`` at the admission level).
+
+``diffbehavior`` honours no ``pre:`` and makes each argument concrete before the call, so on
+the steps' own signatures it spends its time on states no manager can be in (an unbounded
+tracker, ``max_tracker_size=0``) and almost never picks the same key twice. The ``*_small``
+steps take keys from ``Key`` and small numbers from ``Small`` instead, and ``small_state`` maps
+any such input onto a valid state (distinct keys, counts >= 1, at most ``max_tracker_size``
+of them, no tracker below threshold 2, offers of at most 3 keys), so no search path is wasted.
+"""
+from __future__ import annotations
+
+import enum
+import inspect
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import impl.tracker
+import model.admission
+
+Tracker = tuple[tuple[bytes, int], ...]
+Step = tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]
+
+
+def every_offer_counts_step(tracker: Tracker, counted: frozenset[bytes],
+                            skipped: frozenset[bytes], offer: tuple[bytes, ...],
+                            resident: frozenset[bytes], threshold: int,
+                            max_tracker_size: int) -> Step:
+    """impl's step, told that the request has counted nothing yet; its record still grows."""
+    out = impl.tracker.admission_step(tracker, frozenset(), skipped, offer, resident, threshold,
+                                      max_tracker_size)
+    return (out[0], counted | out[1], *out[2:])
+
+
+class Key(enum.Enum):
+    A = b"a"
+    B = b"b"
+    C = b"c"
+
+    def __repr__(self) -> str:
+        return f"Key.{self.name}"
+
+
+class Small(enum.IntEnum):
+    ZERO = 0
+    ONE = 1
+    TWO = 2
+    THREE = 3
+
+    def __repr__(self) -> str:
+        return f"Small.{self.name}"
+
+
+SmallTracker = tuple[tuple[Key, Small], ...]
+
+
+def small_state(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
+                offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
+                max_tracker_size: Small) -> tuple:
+    """The step's arguments for a small input: a key listed twice keeps its last place and
+    count, count 0 means untracked, the most recent ``max_tracker_size`` keys stay."""
+    t, size = int(threshold), max(1, int(max_tracker_size))
+    pairs = dict((k.value, int(n)) for k, n in tracker if n) if t >= 2 else {}
+    keys = lambda s: frozenset(k.value for k in s)  # noqa: E731
+    return (tuple(pairs.items())[-size:], keys(counted), keys(skipped),
+            tuple(k.value for k in offer[:3]), keys(resident), t, size)
+
+
+def model_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
+                offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
+                max_tracker_size: Small) -> Step:
+    return model.admission.admission_step(*small_state(
+        tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+
+
+def impl_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
+               offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
+               max_tracker_size: Small) -> Step:
+    return impl.tracker.admission_step(*small_state(
+        tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+
+
+def every_offer_counts_small(tracker: SmallTracker, counted: frozenset[Key],
+                             skipped: frozenset[Key], offer: tuple[Key, ...],
+                             resident: frozenset[Key], threshold: Small,
+                             max_tracker_size: Small) -> Step:
+    return every_offer_counts_step(*small_state(
+        tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+
+
+# ---- CrossHair's commands, with their bounds (tests/test_crosshair.py runs them)
+
+def check_command(*targets: str, timeout: float) -> list[str]:
+    """``crosshair check``: every ``post:`` gets ``timeout`` CPU seconds."""
+    return [sys.executable, "-m", "crosshair", "check", *targets,
+            "--per_condition_timeout", str(timeout)]
+
+
+def diff_command(fn1: str, fn2: str, timeout: float) -> list[str]:
+    """``crosshair diffbehavior``: ``timeout`` CPU seconds, half for each order of the two."""
+    return [sys.executable, "-m", "crosshair", "diffbehavior", fn1, fn2,
+            "--per_condition_timeout", str(timeout)]
+
+
+@dataclass
+class Outcome:
+    returncode: int
+    output: str
+    seconds: float
+
+
+def run(command: list[str], wall_limit: float = 170.0) -> Outcome:
+    """Run one CrossHair command from the repository root. Its bounds are CPU time;
+    ``wall_limit`` is a backstop."""
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=wall_limit,
+                          cwd=Path(__file__).resolve().parents[1])
+    return Outcome(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
+
+
+def given_lines(output: str) -> list[tuple]:
+    """The inputs of the differences ``diffbehavior`` reported on ``*_small`` steps."""
+    names = {"Key": Key, "Small": Small, "frozenset": frozenset}
+    return [tuple(eval(f"dict{line[len('Given: '):].rstrip(',')}", names).values())
+            for line in output.splitlines() if line.startswith("Given: ")]
+
+
+# ---- PEP 316 contracts on concrete inputs (for the Hypothesis tests)
+
+def contract(fn) -> tuple[list[str], list[str]]:
+    """``fn``'s ``pre:`` and ``post:`` expressions, one a line as CrossHair reads them."""
+    pre, post = [], []
+    for line in (fn.__doc__ or "").splitlines():
+        kind, _, expr = line.strip().partition(": ")
+        if kind in ("pre", "post"):
+            (pre if kind == "pre" else post).append(expr)
+    return pre, post
+
+
+def call_checked(fn, *args):
+    """``fn(*args)`` with its contract evaluated: ``AssertionError`` if a ``pre:`` or a
+    ``post:`` does not hold (the caller draws inputs that meet the ``pre:``)."""
+    pre, post = contract(fn)
+    env = {**fn.__globals__, **inspect.signature(fn).bind(*args).arguments}
+    for expr in pre:
+        assert eval(expr, env), f"{fn.__name__}{args}: pre: {expr}"
+    env["__return__"] = result = fn(*args)
+    for expr in post:
+        assert eval(expr, env), f"{fn.__name__}{args} = {result}: post: {expr}"
+    return result

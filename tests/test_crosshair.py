@@ -1,0 +1,130 @@
+"""Symbolic checks of the admission rule (ISSUE 7): CrossHair's ``check`` on the model's
+contracts and laws, ``diffbehavior`` of impl's step (no difference) and of the every-offer-counts
+step (a difference) against the model's, and the same properties as Hypothesis tests, on the
+default backend and on CrossHair's (the ``crosshair`` profile).
+
+Every CrossHair bound is CPU time, so a loaded machine takes longer but searches as far.
+"""
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import model.admission
+import model.laws
+from properties import symbolic
+from properties.symbolic import Key, Small, call_checked, small_state
+
+pytestmark = pytest.mark.crosshair
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = "properties.symbolic."
+
+
+# ---- CrossHair's commands
+
+def test_check_finds_no_counterexample_to_the_step_contract():
+    out = symbolic.run(symbolic.check_command(str(ROOT / "model/admission.py"), timeout=2))
+    assert out.returncode == 0 and "error" not in out.output, out.output
+
+
+def test_check_finds_no_counterexample_to_the_laws():
+    out = symbolic.run(symbolic.check_command(str(ROOT / "model/laws.py"), timeout=5))
+    assert out.returncode == 0 and "error" not in out.output, out.output
+
+
+def test_diffbehavior_finds_no_difference_between_impl_and_model():
+    out = symbolic.run(symbolic.diff_command(SMALL + "model_small", SMALL + "impl_small", 12))
+    assert out.returncode == 0 and out.output.startswith("No differences found"), out.output
+
+
+def test_diffbehavior_finds_the_every_offer_counts_step():
+    out = symbolic.run(symbolic.diff_command(
+        SMALL + "model_small", SMALL + "every_offer_counts_small", 10))
+    assert out.returncode == 1, out.output
+    found = symbolic.given_lines(out.output)
+    assert found, out.output
+    for args in found:  # each reported input really tells the two apart, on the counts
+        model_out = symbolic.model_small(*args)
+        bad_out = symbolic.every_offer_counts_small(*args)
+        assert model_out[0] != bad_out[0], (args, model_out, bad_out)
+        assert model_out == symbolic.impl_small(*args)
+
+
+# ---- the same properties as Hypothesis tests, on ``small_state``'s inputs
+
+key, small = st.sampled_from(Key), st.sampled_from(Small)
+keyset = st.frozensets(key)
+small_inputs = st.tuples(st.lists(st.tuples(key, small), max_size=3).map(tuple), keyset, keyset,
+                         st.lists(key, max_size=4).map(tuple), keyset, small, small)
+request_offers = st.lists(st.tuples(st.integers(0, 2), st.lists(key, max_size=2)), max_size=4)
+INDEX = {k: i for i, k in enumerate(model.laws.KEYS)}
+
+
+def law_args(args):
+    """``model.laws``' encoding of a small input: (pairs, mask, offer, t, size)."""
+    tracker, counted, _, offer, _, t, size = small_state(*args)
+    return (tuple((INDEX[k], n) for k, n in tracker), sum(1 << INDEX[k] for k in counted),
+            tuple(INDEX[k] for k in offer[:3]), t, size)
+
+
+def impl_matches_model(args):
+    assert symbolic.impl_small(*args) == symbolic.model_small(*args)
+
+
+def step_contract_holds(args):
+    call_checked(model.admission.admission_step, *small_state(*args))
+
+
+def laws_hold(args):
+    call_checked(model.laws.reoffer, *law_args(args))
+    if args[5] >= 2:
+        call_checked(model.laws.after_reset, *law_args(args))
+
+
+def requests_law_holds(offers, t, size):
+    offers = [(req, tuple(INDEX[k.value] for k in offer)) for req, offer in offers]
+    call_checked(model.laws.offers_from_requests, offers, t, size)
+
+
+def every_offer_counts_differs(parent=None, max_examples=500):
+    """A test that fails where Hypothesis tells the every-offer-counts step from the model."""
+    @settings(parent, database=None, max_examples=max_examples)
+    @given(small_inputs)
+    def same(args):
+        assert symbolic.every_offer_counts_small(*args) == symbolic.model_small(*args)
+
+    return same
+
+
+requests = (request_offers, st.integers(2, 3), st.integers(1, 3))
+test_impl_step_matches_model = given(small_inputs)(impl_matches_model)
+test_step_contract_holds = given(small_inputs)(step_contract_holds)
+test_laws_hold = given(small_inputs)(laws_hold)
+test_requests_law_holds = given(*requests)(requests_law_holds)
+
+
+def test_hypothesis_finds_the_every_offer_counts_step():
+    with pytest.raises(AssertionError):
+        every_offer_counts_differs()()
+
+
+# ---- and on CrossHair's backend (the ``crosshair`` profile), a few paths each
+
+CROSSHAIR = settings(settings.get_profile("crosshair"), suppress_health_check=list(HealthCheck))
+
+
+def on_crosshair(test, paths):
+    return settings(CROSSHAIR, max_examples=paths)(test)
+
+
+test_impl_step_matches_model_crosshair = on_crosshair(given(small_inputs)(impl_matches_model), 10)
+test_step_contract_holds_crosshair = on_crosshair(given(small_inputs)(step_contract_holds), 10)
+test_laws_hold_crosshair = on_crosshair(given(small_inputs)(laws_hold), 10)
+test_requests_law_holds_crosshair = on_crosshair(given(*requests)(requests_law_holds), 10)
+
+
+def test_crosshair_backend_finds_the_every_offer_counts_step():
+    with pytest.raises(AssertionError):
+        every_offer_counts_differs(CROSSHAIR, max_examples=50)()
