@@ -82,6 +82,8 @@ def admission_step(tracker: tuple[tuple[bytes, int], ...], counted: frozenset[by
                    skipped: frozenset[bytes], offer: tuple[bytes, ...],
                    resident: frozenset[bytes], threshold: int, max_tracker_size: int):
     """Pure form of one offer's admission; same signature and results as the model's."""
+    if max_tracker_size < 1:
+        raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size!r}")
     offer_keys = list(dict.fromkeys(offer))
     if threshold < 2:
         admitted = tuple(k for k in offer_keys if k not in resident)

@@ -29,7 +29,7 @@ def admission_step(
     ``counted``/``skipped``: the keys this request counted/was skipped on in this generation.
     ``resident``: ready or pending keys (never candidates). The last four ``post:``: A6; A1
     (nothing filtered or tracked below 2); A2/A7 (an offered tracked key gains one iff this
-    request has not counted it in this generation). Laws over several offers: ``laws.py``.
+    request has not counted it in this generation). Laws over several offers: ``properties/laws.py``.
 
     pre: threshold >= 0 and max_tracker_size >= 1 and (threshold >= 2 or not tracker)
     pre: len(tracker) <= max_tracker_size and len(dict(tracker)) == len(tracker)
