@@ -16,7 +16,8 @@ MAX_SHRUNK_STEPS = 12
 
 @pytest.mark.parametrize("spec", ["impl:lru", "impl:arc"])
 def test_machine_passes_on_impl_and_every_label_fires(spec):
-    result = run_machine(make_machine(resolve_target(spec)))
+    # 300 examples keep CI short; the thorough profile runs 2,000 of up to 50 steps.
+    result = run_machine(make_machine(resolve_target(spec)), max_examples=300)
     assert result.passed, result.message + "\n" + "\n".join(result.program)
     assert result.examples > 0 and result.steps > 0
     missing = [label for label in LABELS if not result.labels.get(label)]
@@ -32,7 +33,9 @@ def test_machine_passes_on_impl_as_a_foreign_target():
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_machine_catches_variant(name):
-    result = run_machine(make_machine(resolve_target(f"mutant:{name}")))
+    # A run stops at the first failure, so the larger budget costs only the variants that
+    # need a longer setting (ARC's ghost lists need two evictions in a row).
+    result = run_machine(make_machine(resolve_target(f"mutant:{name}")), max_examples=1500)
     assert not result.passed, f"{name} was not caught"
     assert "Divergence" in type(result.error).__name__ or isinstance(result.error, AssertionError)
     assert 1 <= result.shrunk_steps <= MAX_SHRUNK_STEPS, "\n".join(result.program)
