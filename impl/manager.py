@@ -1,8 +1,9 @@
 """The CPU offloading manager: SPEC sections 2 to 5 and 8.
 
 Chunks are ``pending`` (ref -1, store in flight), ``idle`` (ref 0, evictable) or ``pinned``
-(ref n > 0, n loads in flight). The policy orders keys; the pool hands out chunk ids; the
-tracker decides admission when ``store_threshold >= 2``.
+(ref n > 0, n loads in flight). The policy holds the resident keys in its order, each with its
+``Resident`` entry (chunk id and ref count); the pool hands out chunk ids; the tracker decides
+admission when ``store_threshold >= 2``.
 
 Per-request records (keys counted, skips counted, store misses shown to the policy) live in
 the request's context, tagged with this manager and its generation: a reset bumps the
@@ -22,10 +23,9 @@ from .base import (
     Stats,
 )
 from .policies import make_policy
+from .policies.base import PENDING, Resident
 from .pool import ChunkPool
 from .tracker import AdmissionTracker
-
-PENDING = -1
 
 
 class RequestRecord:
@@ -62,8 +62,6 @@ class OffloadingManager:
         self._policy = make_policy(cache_policy, num_chunks)
         self.cache_policy = cache_policy
         self._pool = ChunkPool(num_chunks)
-        self._chunk: dict[bytes, int] = {}  # resident key -> chunk id
-        self._ref: dict[bytes, int] = {}  # resident key -> ref count (PENDING, 0, n)
         self._num_pending = 0
         self._num_pinned = 0
         self.tracker = (AdmissionTracker(store_threshold, max_tracker_size)
@@ -86,13 +84,11 @@ class OffloadingManager:
     # --- residency ---
 
     def _is_resident(self, key: bytes) -> bool:
-        return key in self._ref
+        return self._policy.get(key) is not None
 
-    def _is_ready(self, key: bytes) -> bool:
-        return self._ref.get(key, PENDING) != PENDING
-
-    def _evictable(self, key: bytes) -> bool:
-        return self._ref[key] == 0
+    @staticmethod
+    def _evictable(entry: Resident) -> bool:
+        return entry.ref == 0
 
     def _emit(self, keys: Sequence[bytes], removed: bool, metadata_only: bool = False) -> None:
         if keys and self._events is not None:
@@ -108,35 +104,37 @@ class OffloadingManager:
 
     def lookup(self, key: bytes, ctx: ReqContext | None = None) -> LookupResult:
         _check_keys([key])
-        ref = self._ref.get(key)
-        if ref is None:
+        entry = self._policy.get(key)
+        if entry is None:
             return LookupResult.MISS
-        return LookupResult.HIT_PENDING if ref == PENDING else LookupResult.HIT
+        return LookupResult.HIT if entry.ready else LookupResult.HIT_PENDING
 
     def prepare_load(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> list[int]:
         keys = _check_keys(keys)
-        for key in keys:
-            if not self._is_ready(key):
-                state = "pending" if key in self._ref else "not resident"
+        entries = [self._policy.get(key) for key in keys]
+        for key, entry in zip(keys, entries):
+            if entry is None or not entry.ready:
+                state = "not resident" if entry is None else "pending"
                 raise OffloadProtocolError(f"prepare_load: key {key!r} is {state}")
-        for key in keys:
-            if self._ref[key] == 0:
+        for entry in entries:
+            if entry.ref == 0:
                 self._num_pinned += 1
-            self._ref[key] += 1
-        return [self._chunk[k] for k in keys]
+            entry.ref += 1
+        return [entry.chunk for entry in entries]
 
     def complete_load(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> None:
         keys = _check_keys(keys)
         for key, n in Counter(keys).items():
-            if self._ref.get(key, 0) < n:
+            if (self.ref_count(key) or 0) < n:  # absent: None; pending: -1
                 raise OffloadProtocolError(f"complete_load: key {key!r} is not pinned")
         for key in keys:
-            self._ref[key] -= 1
-            if self._ref[key] == 0:
+            entry = self._policy.get(key)
+            entry.ref -= 1
+            if entry.ref == 0:
                 self._num_pinned -= 1
 
     def touch(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> None:
-        self._policy.touch(_check_keys(keys), self._is_ready)
+        self._policy.touch(_check_keys(keys))
 
     def prepare_store(self, keys: Iterable[bytes], ctx: ReqContext) -> PrepareStoreOutput | None:
         offer = self._dedupe(_check_keys(keys))
@@ -162,9 +160,7 @@ class OffloadingManager:
         self._evict(victims)
         chunk_ids = self._pool.allocate(len(admitted))
         for key, chunk in zip(admitted, chunk_ids):
-            self._chunk[key] = chunk
-            self._ref[key] = PENDING
-            self._policy.insert(key)
+            self._policy.insert(key, Resident(chunk))
         self._num_pending += len(admitted)
         return PrepareStoreOutput(admitted, chunk_ids, victims)
 
@@ -178,37 +174,31 @@ class OffloadingManager:
             return []
         protected = set(offer)
         return self._policy.choose_victims(
-            need, lambda k: self._evictable(k) and k not in protected)
+            need, lambda k, entry: self._evictable(entry) and k not in protected)
 
     def _evict(self, victims: Sequence[bytes]) -> None:
-        self._policy.evict(victims)
-        for key in victims:
-            del self._ref[key]
-            self._pool.release(self._chunk.pop(key))
+        for entry in self._policy.evict(victims):
+            self._pool.release(entry.chunk)
         self._emit(victims, removed=True)
 
     def complete_store(self, keys: Iterable[bytes], ctx: ReqContext | None = None,
                        success: bool = True) -> None:
         keys = _check_keys(keys)
-        pending = [k for k in dict.fromkeys(keys) if self._ref.get(k) == PENDING]
+        pending = [k for k in dict.fromkeys(keys) if self.ref_count(k) == PENDING]
         self._num_pending -= len(pending)
         for key in pending:
             if success:
-                self._ref[key] = 0
+                self._policy.get(key).ref = 0
             else:
                 self._drop_failed(key)
         self._emit(pending, removed=not success, metadata_only=not success)
 
     def _drop_failed(self, key: bytes) -> None:
-        del self._ref[key]
-        self._policy.remove(key)
-        self._pool.release(self._chunk.pop(key))
+        self._pool.release(self._policy.remove(key).chunk)
 
     def reset_cache(self) -> None:
         self._policy.clear()
         self._pool.reset()
-        self._chunk.clear()
-        self._ref.clear()
         self._num_pending = self._num_pinned = 0
         self.generation += 1
 
@@ -233,10 +223,12 @@ class OffloadingManager:
     # --- inspection (for invariants and tests; not part of the protocol) ---
 
     def ref_count(self, key: bytes) -> int | None:
-        return self._ref.get(key)
+        entry = self._policy.get(key)
+        return None if entry is None else entry.ref
 
     def chunk_of(self, key: bytes) -> int | None:
-        return self._chunk.get(key)
+        entry = self._policy.get(key)
+        return None if entry is None else entry.chunk
 
     def policy_state(self) -> dict:
         return self._policy.state()

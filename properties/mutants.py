@@ -175,8 +175,9 @@ class RepeatedKeyStoredTwice(OffloadingManager):
 class EvictsPinned(OffloadingManager):
     """Eviction may take a pinned chunk (a load is in flight from it)."""
 
-    def _evictable(self, key):
-        return self._ref[key] >= 0
+    @staticmethod
+    def _evictable(entry):
+        return entry.ref >= 0
 
 
 class PartialEvictionBeforeNone(OffloadingManager):
@@ -225,9 +226,7 @@ class FailedStoreKeepsChunk(OffloadingManager):
     """``complete_store(success=False)`` drops the key but never frees its chunk."""
 
     def _drop_failed(self, key):
-        del self._ref[key]
         self._policy.remove(key)
-        del self._chunk[key]
 
 
 class StoreEventMissing(OffloadingManager):
@@ -265,7 +264,7 @@ class LoadPinsBeforeChecking(OffloadingManager):
     def prepare_load(self, keys, ctx=None):
         keys = list(keys)
         for i, key in enumerate(keys):
-            if self._ref.get(key, PENDING) == PENDING:
+            if self.ref_count(key) in (None, PENDING):
                 if i:
                     super().prepare_load(keys[:i], ctx)
                 break

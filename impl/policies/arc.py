@@ -8,26 +8,29 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from .base import CachePolicy, Predicate
+from .base import CachePolicy, Evictable, Resident
 
 
 class ARCPolicy(CachePolicy):
     def __init__(self, capacity: int):
         super().__init__(capacity)
-        self.t1: OrderedDict[bytes, None] = OrderedDict()
-        self.t2: OrderedDict[bytes, None] = OrderedDict()
+        self.t1: OrderedDict[bytes, Resident] = OrderedDict()
+        self.t2: OrderedDict[bytes, Resident] = OrderedDict()
         self.b1: OrderedDict[bytes, None] = OrderedDict()
         self.b2: OrderedDict[bytes, None] = OrderedDict()
         self.p: float = 0
 
-    def insert(self, key: bytes) -> None:
+    def get(self, key: bytes) -> Resident | None:
+        entry = self.t1.get(key)
+        return entry if entry is not None else self.t2.get(key)
+
+    def insert(self, key: bytes, entry: Resident) -> None:
         self.b1.pop(key, None)
         self.b2.pop(key, None)
-        self.t1[key] = None
+        self.t1[key] = entry
 
-    def remove(self, key: bytes) -> None:
-        self.t1.pop(key, None)
-        self.t2.pop(key, None)
+    def remove(self, key: bytes) -> Resident:
+        return self.t1.pop(key) if key in self.t1 else self.t2.pop(key)
 
     def _adapt(self, key: bytes) -> None:
         if key in self.b1:
@@ -35,12 +38,11 @@ class ARCPolicy(CachePolicy):
         elif key in self.b2:
             self.p = max(0, self.p - max(1, len(self.b1) / len(self.b2)))
 
-    def touch(self, keys: Sequence[bytes], is_ready: Predicate) -> None:
+    def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):
             if key in self.t1:
-                if is_ready(key):
-                    del self.t1[key]
-                    self.t2[key] = None
+                if self.t1[key].ready:
+                    self.t2[key] = self.t1.pop(key)
                 else:
                     self.t1.move_to_end(key)
             elif key in self.t2:
@@ -51,9 +53,9 @@ class ARCPolicy(CachePolicy):
     def on_store_miss(self, key: bytes) -> None:
         self._adapt(key)
 
-    def choose_victims(self, n: int, evictable: Predicate) -> list[bytes] | None:
-        from_t1: Iterator[bytes] = (k for k in self.t1 if evictable(k))
-        from_t2: Iterator[bytes] = (k for k in self.t2 if evictable(k))
+    def choose_victims(self, n: int, evictable: Evictable) -> list[bytes] | None:
+        from_t1: Iterator[bytes] = (k for k, e in self.t1.items() if evictable(k, e))
+        from_t2: Iterator[bytes] = (k for k, e in self.t2.items() if evictable(k, e))
         t1_len = len(self.t1)
         victims: list[bytes] = []
         for _ in range(n):
@@ -68,15 +70,14 @@ class ARCPolicy(CachePolicy):
             victims.append(key)
         return victims
 
-    def evict(self, victims: Sequence[bytes]) -> None:
+    def evict(self, victims: Sequence[bytes]) -> list[Resident]:
+        entries = []
         for key in victims:
-            if key in self.t1:
-                del self.t1[key]
-                self.b1[key] = None
-            else:
-                del self.t2[key]
-                self.b2[key] = None
+            src, ghosts = (self.t1, self.b1) if key in self.t1 else (self.t2, self.b2)
+            entries.append(src.pop(key))
+            ghosts[key] = None
         self._trim_ghosts()
+        return entries
 
     def _trim_ghosts(self) -> None:
         for ghosts in (self.b1, self.b2):

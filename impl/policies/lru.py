@@ -5,32 +5,34 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import islice
 
-from .base import CachePolicy, Predicate
+from .base import CachePolicy, Evictable, Resident
 
 
 class LRUPolicy(CachePolicy):
     def __init__(self, capacity: int):
         super().__init__(capacity)
-        self.order: OrderedDict[bytes, None] = OrderedDict()  # least recent first
+        self.order: OrderedDict[bytes, Resident] = OrderedDict()  # least recent first
 
-    def insert(self, key: bytes) -> None:
-        self.order[key] = None
+    def get(self, key: bytes) -> Resident | None:
+        return self.order.get(key)
 
-    def remove(self, key: bytes) -> None:
-        self.order.pop(key, None)
+    def insert(self, key: bytes, entry: Resident) -> None:
+        self.order[key] = entry
 
-    def touch(self, keys: Sequence[bytes], is_ready: Predicate) -> None:
+    def remove(self, key: bytes) -> Resident:
+        return self.order.pop(key)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
         for key in reversed(keys):
             if key in self.order:
                 self.order.move_to_end(key)
 
-    def choose_victims(self, n: int, evictable: Predicate) -> list[bytes] | None:
-        victims = list(islice((k for k in self.order if evictable(k)), n))
+    def choose_victims(self, n: int, evictable: Evictable) -> list[bytes] | None:
+        victims = list(islice((k for k, e in self.order.items() if evictable(k, e)), n))
         return victims if len(victims) == n else None
 
-    def evict(self, victims: Sequence[bytes]) -> None:
-        for key in victims:
-            del self.order[key]
+    def evict(self, victims: Sequence[bytes]) -> list[Resident]:
+        return [self.order.pop(key) for key in victims]
 
     def state(self) -> dict:
         return {"lru": list(self.order)}
