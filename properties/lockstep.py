@@ -129,7 +129,7 @@ class LockstepManager:
         self._recent: deque[str] = deque(maxlen=history)
         self._handles: dict[int, tuple[Any, int]] = {}
         self._next_handle = 0
-        self.log = log
+        self.log = log  # when given: every prepare_store and the divergent call, as dicts
 
     # --- bookkeeping
     def set_step(self, step: int) -> None:
@@ -150,11 +150,13 @@ class LockstepManager:
         return call
 
     def _record(self, call: _Call, args: dict[str, Any], target: Any, model: Any) -> None:
-        if self.log is not None:
-            self.log.append({"step": self.step, "call_no": self.calls, "call": call.name,
-                             **args, "target": repr(target), "model": repr(model)})
+        """One entry of ``log`` (the history ``kvgate check --history`` writes)."""
+        if self.log is not None and not (self.log and self.log[-1].get("call_no") == call.no):
+            self.log.append({"step": call.step, "call_no": call.no, "call": call.name,
+                             "args": args, "target": str(target), "model": str(model)})
 
     def _diverge(self, call: _Call, target: Any, model: Any, why: str = "") -> Divergence:
+        self._record(call, {"call": str(call)}, target, model)
         recent = "\n".join(f"  step {c.step}, call {c.no}: {c}" for c in list(self._recent)[:-1])
         msg = (f"divergence at step {self.step}, call {self.calls}: {call}\n"
                f"  target answered: {target}\n  model answered:  {model}"
@@ -243,8 +245,7 @@ class LockstepManager:
             if len(text) > 400:
                 text = text[:400] + " ..."
             raise self._diverge(call, _fmt_store(t), f"refused the target's choice: {text}") from e
-        if self.log is not None:
-            self._record(call, {"keys": fmt_keys(keys), "req": req}, _fmt_store(t), _fmt_store(m))
+        self._record(call, {"keys": fmt_keys(keys), "req": req}, _fmt_store(t), _fmt_store(m))
         if (t is None) != (m is None):
             raise self._diverge(call, _fmt_store(t), _fmt_store(m))
         if t is None:

@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from hypothesis import event, strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule)
 
@@ -114,7 +115,8 @@ class ManagerMachine(RuleBasedStateMachine):
                              "target": target, "model": model})
 
     def _label(self, label):
-        event(label)
+        if currently_in_test_context():  # a printed program may run outside Hypothesis
+            event(label)
         type(self).labels_seen[label] += 1
 
     def _expect(self, what, target, model):

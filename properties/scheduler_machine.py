@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 from hypothesis import event, note, settings as Settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
@@ -57,6 +58,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
     compare_state: bool = True
     policies: tuple[str, ...] = ("lru", "arc")
     seen: Counter = Counter()
+    last_history: list = []
 
     def __init__(self):
         super().__init__()
@@ -64,6 +66,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         self.expected: dict[bytes, tuple[bytes, ...]] = {}
         self.used_names: set[str] = set()
         self.situations: set[str] = set()
+        self.history: list[dict] = []
 
     # ------------------------------------------------------------------ set-up
     @initialize(num_chunks=st.integers(1, 3), threshold=st.sampled_from([2, 2, 3, 1, 0]),
@@ -77,7 +80,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
                                     max_tracker_size=tracker)
         self.threshold = threshold
         self.model = Model(num_chunks, policy, threshold, tracker)
-        self.proxy = LockstepManager(target, self.model, foreign=self.foreign)
+        self.proxy = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
         self.worker = NullWorker(delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True)
         self.bpc = blocks_per_chunk
         self.sched = Scheduler(self.proxy, self.worker, block_size=BLOCK_SIZE,
@@ -98,7 +101,8 @@ class SchedulerMachineBase(RuleBasedStateMachine):
     def _label(self, name: str) -> None:
         if name not in self.situations:
             self.situations.add(name)
-            event(name)
+            if currently_in_test_context():  # a printed program may run outside Hypothesis
+                event(name)
 
     def _after(self, before: dict) -> None:
         c = self.sched.counters.as_dict()
@@ -244,9 +248,10 @@ class SchedulerMachineBase(RuleBasedStateMachine):
             f"store accounting: {c.as_dict()}, {in_flight} in flight")
 
     def teardown(self):
-        if self.sched is not None:
+        if self.sched is not None and currently_in_test_context():
             note(f"counters: {self.sched.counters.as_dict()}")
         type(self).seen.update(self.situations)
+        type(self).last_history = self.history
 
 
 def _tracker_of(target) -> list | None:

@@ -27,7 +27,23 @@ class TargetError(Exception):
     """A target that cannot be resolved, imported or built (the CLI exits 2)."""
 
 
-class NativeAdapter:
+class RequestHooks:
+    """The request-lifecycle calls, which a manager may leave out (they default to nothing)."""
+
+    manager: object
+
+    def on_new_request(self, ctx) -> None:
+        hook = getattr(self.manager, "on_new_request", None)
+        if hook:
+            hook(ctx)
+
+    def on_request_finished(self, ctx) -> None:
+        hook = getattr(self.manager, "on_request_finished", None)
+        if hook:
+            hook(ctx)
+
+
+class NativeAdapter(RequestHooks):
     """A manager that follows kvgate's own interface (impl/base.py)."""
 
     REQUIRED = ("lookup", "prepare_load", "complete_load", "touch", "prepare_store",
@@ -42,16 +58,6 @@ class NativeAdapter:
 
     def new_context(self, req_id: str):
         return ReqContext(req_id)
-
-    def on_new_request(self, ctx) -> None:
-        hook = getattr(self.manager, "on_new_request", None)
-        if hook:
-            hook(ctx)
-
-    def on_request_finished(self, ctx) -> None:
-        hook = getattr(self.manager, "on_request_finished", None)
-        if hook:
-            hook(ctx)
 
     def lookup(self, key: bytes, ctx=None) -> str:
         result = self.manager.lookup(key, ctx)

@@ -33,7 +33,7 @@ from typing import Any
 from impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
                        WRITE_USAGE)
 
-from .targets import POLICIES, Target, TargetError, _import_attr
+from .targets import POLICIES, RequestHooks, Target, TargetError, _import_attr
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
@@ -92,7 +92,7 @@ def _ids(spec: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-class VllmAdapter:
+class VllmAdapter(RequestHooks):
     """A manager with vLLM's interface, answering in kvgate's plain values."""
 
     REQUIRED = ("lookup", "prepare_load", "complete_load", "touch", "prepare_store",
@@ -157,16 +157,6 @@ class VllmAdapter:
         return [self._back(k) for k in keys]
 
     # --- the manager protocol ---
-
-    def on_new_request(self, ctx) -> None:
-        hook = getattr(self.manager, "on_new_request", None)
-        if hook:
-            hook(ctx)
-
-    def on_request_finished(self, ctx) -> None:
-        hook = getattr(self.manager, "on_request_finished", None)
-        if hook:
-            hook(ctx)
 
     def lookup(self, key: bytes, ctx=None) -> str:
         return _name_of(self.manager.lookup(self._key(key), ctx))

@@ -439,3 +439,18 @@ def test_adapter_builds_with_vllm_constructor_names():
     assert adapter.manager._m.tracker is not None and adapter.manager._m._events is not None
     assert target.foreign and target.policies == ("lru", "arc")
     assert resolve_target("vllm=tests.fake_vllm:FakeManager").foreign
+
+
+def test_scheduler_history_lists_the_offers_of_the_counterexample(capsys, tmp_path):
+    """The scheduler machine's history: every prepare_store of the shrunk run, by engine step
+    (and the divergent call last when a call diverges; here a state check fails after it)."""
+    history = tmp_path / "history.jsonl"
+    code, out, err = check(capsys, "--machine", "scheduler", "--target", FAILING,
+                           "--history", str(history))
+    assert code == 1, out + err
+    lines = [json.loads(line) for line in history.read_text().splitlines()]
+    header, calls = lines[0], lines[1:]
+    assert header["machine"] == "scheduler" and header["passed"] is False
+    assert calls and {c["call"] for c in calls} == {"prepare_store"}
+    assert [c["call_no"] for c in calls] == sorted({c["call_no"] for c in calls})
+    assert all(c["step"] >= 1 and c["args"]["keys"].startswith("[k") for c in calls)

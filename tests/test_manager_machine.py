@@ -39,3 +39,15 @@ def test_machine_catches_variant(name):
     assert not result.passed, f"{name} was not caught"
     assert "Divergence" in type(result.error).__name__ or isinstance(result.error, AssertionError)
     assert 1 <= result.shrunk_steps <= MAX_SHRUNK_STEPS, "\n".join(result.program)
+
+
+def test_printed_program_replays_outside_hypothesis():
+    """The shrunk program Hypothesis prints runs as plain Python and fails the same way."""
+    machine = make_machine(resolve_target("mutant:every_offer_counts"))
+    result = run_machine(machine, max_examples=300)
+    assert not result.passed
+    program = result.program
+    assert program[0] == f"state = {machine.__name__}()", result.program
+    with pytest.raises(type(result.error)) as caught:
+        exec("\n".join(program), {machine.__name__: machine})
+    assert str(caught.value).splitlines()[0] == str(result.error).splitlines()[0]
