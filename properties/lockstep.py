@@ -76,11 +76,19 @@ def chunk_ids(spec: Any) -> list[int]:
     return [int(i) for i in getattr(spec, "block_ids", spec)]
 
 
-def _same_stats(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    if set(a) != set(b):
+def _same_stats(target: dict[str, Any], model: dict[str, Any], foreign: bool = False) -> bool:
+    """Same metrics, same values. A foreign target may leave out a metric it cannot report
+    (its adapter gives None or nothing); a metric the model does not have must then be zero."""
+    if foreign:
+        names = {n for n in model if target.get(n) is not None}
+        if any(target[n] for n in set(target) - set(model) if target[n] is not None):
+            return False
+    elif set(target) != set(model):
         return False
-    for name, x in a.items():
-        y = b[name]
+    else:
+        names = set(model)
+    for name in sorted(names):
+        x, y = target[name], model[name]
         if isinstance(x, (list, tuple)) or isinstance(y, (list, tuple)):
             if [float(v) for v in x] != [float(v) for v in y]:
                 return False
@@ -280,7 +288,7 @@ class LockstepManager:
         call = self._call("get_stats")
         t, m = self._both(call, self.target.get_stats, self.model.get_stats)
         td, md = stats_dict(t), stats_dict(m)
-        if not _same_stats(td, md):
+        if not _same_stats(td, md, self.foreign):
             raise self._diverge(call, _fmt_stats(td), _fmt_stats(md))
         return t
 

@@ -252,6 +252,40 @@ def test_lockstep_names_the_step_and_the_call():
     assert "step 2" in str(info.value) and "ReqContext('r')" in str(info.value)
 
 
+class _NoSkipMetric(OffloadingManager):
+    """Reports every metric but the skip count (as an adapter that cannot see it would)."""
+
+    def get_stats(self):
+        stats = super().get_stats().as_dict()
+        stats.pop("vllm:kv_offload_stores_skipped", None)
+        return stats
+
+
+class _InventsSkips(OffloadingManager):
+    def get_stats(self):
+        return {**super().get_stats().as_dict(), "vllm:kv_offload_stores_skipped": 1}
+
+
+@pytest.mark.parametrize("cls, foreign, agrees", [
+    (_NoSkipMetric, True, True),  # a foreign target may leave a metric out
+    (_NoSkipMetric, False, False),  # an exact one may not
+    (_InventsSkips, True, False),  # and none may report skips at store_threshold < 2
+    (_InventsSkips, False, False),
+])
+def test_lockstep_stats_of_foreign_targets(cls, foreign, agrees):
+    threshold = 2 if cls is _NoSkipMetric else 1
+    proxy = LockstepManager(cls(2, store_threshold=threshold), Model(2, "lru", threshold, 64_000),
+                            foreign=foreign)
+    ctx = ReqContext("r")
+    proxy.on_new_request(ctx)
+    proxy.prepare_store([make_key(b"a")], ctx)
+    if agrees:
+        proxy.get_stats()
+    else:
+        with pytest.raises(Divergence, match="get_stats"):
+            proxy.get_stats()
+
+
 def test_bad_configuration_is_refused():
     with pytest.raises(ValueError, match="blocks_per_chunk"):
         Scheduler(_impl(2), blocks_per_chunk=0)
