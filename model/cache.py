@@ -39,6 +39,14 @@ class ModelError(Exception):
     """Protocol misuse or an illegal foreign choice."""
 
 
+class AdmissionDiffers(ModelError):
+    """A foreign target stored other keys than the model admits."""
+
+    def __init__(self, admitted):
+        super().__init__(f"the model admits {list(admitted)!r}")
+        self.admitted = list(admitted)
+
+
 def _check(keys) -> list:
     keys = list(keys)
     for k in keys:
@@ -146,13 +154,16 @@ class Model:
                 ghosts.append(k)
 
     # ---- stores
-    def prepare_store(self, keys, req, choice=None):
+    def prepare_store(self, keys, req, choice=None, stored=None):
+        """``choice``/``stored``: a foreign target's (evicted, chunk ids) and stored keys."""
         offer = tuple(dict.fromkeys(_check(keys)))
         rec = self.records.setdefault((req, self.generation),
                                       {"counted": frozenset(), "skipped": frozenset(), "shown": set()})
         self.tracker, rec["counted"], rec["skipped"], admitted, skips = admission_step(
             self.tracker, rec["counted"], rec["skipped"], offer, frozenset(self.resident),
             self.threshold, self.max_tracker_size)
+        if stored is not None and list(stored) != list(admitted):
+            raise AdmissionDiffers(admitted)
         self.skips += skips
         if admitted:
             self.samples.append(len(admitted))

@@ -13,12 +13,11 @@ The model takes an opaque, hashable handle per request context; the proxy hands 
 from __future__ import annotations
 
 import math
-import re
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from model.cache import Model, ModelError
+from model.cache import AdmissionDiffers, Model, ModelError
 
 STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
 
@@ -237,19 +236,17 @@ class LockstepManager:
             t = self.target.prepare_store(keys, ctx)
         except Exception as e:  # noqa: BLE001
             raise self._diverge(call, f"raised {type(e).__name__}: {e}", "(not asked)") from e
-        choice = None
+        choice = stored = None
         if self.foreign and t is not None:
-            _, t_spec, t_evicted = t
-            choice = (list(t_evicted), chunk_ids(t_spec))
+            t_stored, t_spec, t_evicted = t
+            choice, stored = (list(t_evicted), chunk_ids(t_spec)), list(t_stored)
         try:
-            m = self.model.prepare_store(keys, req, choice=choice)
+            m = self.model.prepare_store(keys, req, choice=choice, stored=stored)
+        except AdmissionDiffers as e:  # the admission differs, not the choice
+            raise self._diverge(call, f"store {fmt_keys(stored)}", f"store {fmt_keys(e.admitted)}",
+                                "admitted keys differ") from e
         except ModelError as e:
             text = str(e)
-            need = re.search(r"illegal chunk ids .*: need (\d+) distinct ids", text)
-            stored = len(list(t[0]))
-            if need and int(need.group(1)) != stored:  # the admission differs, not the choice
-                raise self._diverge(call, _fmt_store(t), f"admits {need.group(1)} key(s)",
-                                    "admitted keys differ") from e
             if len(text) > 400:
                 text = text[:400] + " ..."
             raise self._diverge(call, _fmt_store(t), f"refused the target's choice: {text}") from e

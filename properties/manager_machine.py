@@ -20,7 +20,7 @@ from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule)
 
 from impl.base import make_key
-from model.cache import Model, ModelError
+from model.cache import AdmissionDiffers, Model, ModelError
 
 from .targets import Target
 
@@ -170,19 +170,26 @@ class ManagerMachine(RuleBasedStateMachine):
             self._label("offer across a reset")
             req.generation = self.generation
         got = self.target.prepare_store(keys, req.ctx)
+        what = f"prepare_store({names(keys)}, {req!r})"
         if got is None or not self.foreign:
             want = self.model.prepare_store(keys, req.n)
         else:
             try:
-                want = self.model.prepare_store(keys, req.n, choice=(got[2], got[1]))
+                want = self.model.prepare_store(keys, req.n, choice=(got[2], got[1]),
+                                                stored=got[0])
+            except AdmissionDiffers as exc:  # the admission differs, not the choice
+                want = {"store": names(exc.admitted)}
+                self._log("prepare_store", {"req": repr(req), "keys": names(keys)},
+                          self._show(got, exact=False), want)
+                raise Divergence(f"{what}: admitted keys differ: target answered "
+                                 f"{self._show(got, exact=False)}, model answered {want}") from None
             except ModelError as exc:
                 self._log("prepare_store", {"req": repr(req), "keys": names(keys)},
                           self._show(got), str(exc))
-                raise Divergence(f"prepare_store({names(keys)}, {req!r}): target answered "
-                                 f"{self._show(got)}, which the model rejects: {exc}") from None
+                raise Divergence(f"{what}: target answered {self._show(got)}, "
+                                 f"which the model rejects: {exc}") from None
         self._log("prepare_store", {"req": repr(req), "keys": names(keys)},
                   self._show(got), self._show(want))
-        what = f"prepare_store({names(keys)}, {req!r})"
         self._expect(what, self._show(got, exact=not self.foreign),
                      self._show(want, exact=not self.foreign))
         for key in dict.fromkeys(keys):

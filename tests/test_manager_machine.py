@@ -41,6 +41,15 @@ def test_machine_catches_variant(name):
     assert 1 <= result.shrunk_steps <= MAX_SHRUNK_STEPS, "\n".join(result.program)
 
 
+def test_foreign_target_that_counts_every_offer_is_told_its_admission_differs():
+    """On the adoption path the admission is compared before the target's chunk choice."""
+    target = resolve_target("foreign=properties.mutants:EveryOfferCounts")
+    result = run_machine(make_machine(target), max_examples=300)
+    assert not result.passed
+    assert "admitted keys differ: target answered {'store': ['A']}, model answered " \
+           "{'store': []}" in result.message, result.message
+
+
 def test_printed_program_replays_outside_hypothesis():
     """The shrunk program Hypothesis prints runs as plain Python and fails the same way."""
     machine = make_machine(resolve_target("mutant:every_offer_counts"))

@@ -2,6 +2,7 @@
 import pytest
 
 from model import Model, ModelError, admission_step
+from model.cache import AdmissionDiffers
 
 SKIPPED = "vllm:kv_offload_stores_skipped"
 
@@ -151,3 +152,14 @@ def test_foreign_choice_is_checked_then_adopted():
     assert m.prepare_store([c], "s", choice=([b], [1])) == ([c], [1], [b])
     assert m.resident[c] == {"chunk": 1, "ref": -1} and m.lru == [a, c]
     assert m.fresh == [] and m.freed == []
+
+
+def test_foreign_admission_is_compared_before_the_choice():
+    """A foreign target that stores other keys than the model admits is told so, rather than
+    that its chunk ids are illegal (they are, for the model's admission)."""
+    a = key("a")
+    m = Model(2, store_threshold=2)
+    with pytest.raises(AdmissionDiffers) as info:
+        m.prepare_store([a], "r", choice=([], [0]), stored=[a])
+    assert info.value.admitted == [] and "the model admits []" in str(info.value)
+    assert m.prepare_store([a], "s", choice=([], [0]), stored=[a]) == ([a], [0], [])
