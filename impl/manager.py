@@ -124,11 +124,13 @@ class OffloadingManager:
 
     def complete_load(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> None:
         keys = _check_keys(keys)
-        for key, n in Counter(keys).items():
-            if (self.ref_count(key) or 0) < n:  # absent: None; pending: -1
+        loads = Counter(keys)
+        entries = {key: self._policy.get(key) for key in loads}
+        for key, n in loads.items():
+            if entries[key] is None or entries[key].ref < n:  # a pending entry's ref is -1
                 raise OffloadProtocolError(f"complete_load: key {key!r} is not pinned")
         for key in keys:
-            entry = self._policy.get(key)
+            entry = entries[key]
             entry.ref -= 1
             if entry.ref == 0:
                 self._num_pinned -= 1
@@ -184,11 +186,12 @@ class OffloadingManager:
     def complete_store(self, keys: Iterable[bytes], ctx: ReqContext | None = None,
                        success: bool = True) -> None:
         keys = _check_keys(keys)
-        pending = [k for k in dict.fromkeys(keys) if self.ref_count(k) == PENDING]
+        entries = {key: self._policy.get(key) for key in keys}
+        pending = [k for k, e in entries.items() if e is not None and e.ref == PENDING]
         self._num_pending -= len(pending)
         for key in pending:
             if success:
-                self._policy.get(key).ref = 0
+                entries[key].ref = 0
             else:
                 self._drop_failed(key)
         self._emit(pending, removed=not success, metadata_only=not success)

@@ -1,11 +1,11 @@
 """The interface between the manager and an eviction policy.
 
 A policy holds the resident keys, in its order, each with its ``Resident`` entry (chunk id and
-ref count). Keeping the entry in the policy's own ordered map means one map per key: an
-eviction reads the entry it walks over instead of looking the key up again elsewhere, so a
-call's cost does not grow with the cache (SPEC section 5). The manager decides which entries
-may be evicted through a predicate; ``choose_victims`` has no side effects, so the manager can
-give up (return ``None``) without having evicted anything.
+ref count). Keeping the entry in the policy's own ordered map means one large map per key: an
+eviction reads the entry it walks over instead of looking the key up again in other maps,
+whose entries are cold in a large cache (bench/manager_scaling.py). The manager decides which
+entries may be evicted through a predicate; ``choose_victims`` has no side effects, so the
+manager can give up (return ``None``) without having evicted anything.
 """
 from __future__ import annotations
 
