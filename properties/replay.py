@@ -43,6 +43,7 @@ from impl.scheduler import NullWorker, Scheduler
 from impl.traces import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 
 from .lockstep import Divergence, LockstepManager
+from .targets import TargetError, resolve_target
 
 
 # --------------------------------------------------------------------------- targets
@@ -51,41 +52,12 @@ class ReplayTargetError(Exception):
     """A target that cannot be resolved or built."""
 
 
-@dataclass(frozen=True)
-class _LocalTarget:
-    spec: str
-    factory: Callable[..., Any]
-    policies: tuple[str, ...] = ("lru", "arc")
-    foreign: bool = False
-
-    def make(self, num_chunks, cache_policy, store_threshold, max_tracker_size):
-        return self.factory(num_chunks, cache_policy=cache_policy,
-                            store_threshold=store_threshold, max_tracker_size=max_tracker_size)
-
-
 def resolve(spec: str):
-    """The gate's target (``properties.targets.resolve_target``), or, where that module is not
-    there, the targets this module knows: ``impl``, ``impl:lru``, ``impl:arc``, ``mutant:NAME``."""
+    """The gate's target (``properties.targets.resolve_target``), errors as ReplayTargetError."""
     try:
-        from . import targets
-    except ImportError:
-        targets = None
-    if targets is not None:
-        try:
-            return targets.resolve_target(spec)
-        except targets.TargetError as e:
-            raise ReplayTargetError(str(e)) from None
-    from impl.manager import OffloadingManager
-    if spec in ("impl", "impl:lru", "impl:arc"):
-        pols = ("lru", "arc") if spec == "impl" else (spec.split(":")[1],)
-        return _LocalTarget(spec, OffloadingManager, pols)
-    if spec.startswith("mutant:"):
-        from .mutants import MUTANTS
-        name = spec.split(":", 1)[1]
-        if name not in MUTANTS:
-            raise ReplayTargetError(f"unknown mutant {name!r}")
-        return _LocalTarget(spec, MUTANTS[name], MUTANTS[name].policies)
-    raise ReplayTargetError(f"unknown target {spec!r}")
+        return resolve_target(spec)
+    except TargetError as e:
+        raise ReplayTargetError(str(e)) from None
 
 
 # --------------------------------------------------------------------------- settings, report
