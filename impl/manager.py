@@ -209,7 +209,17 @@ class OffloadingManager:
         if self._events is None:
             return []
         events, self._events = self._events, []
-        return events
+        return [drained for event in events if (drained := self._still_news(event))]
+
+    def _still_news(self, event: OffloadingEvent) -> OffloadingEvent | None:
+        """A metadata-only removal (a failed store) loses the keys that are resident again by
+        the time the events are drained: a later offer re-admitted them (SPEC section 5)."""
+        if not event.metadata_only:
+            return event
+        keys = tuple(k for k in event.keys if not self._is_resident(k))
+        if len(keys) == len(event.keys):
+            return event
+        return OffloadingEvent(keys, event.removed, True) if keys else None
 
     def get_stats(self) -> Stats:
         n = self.num_chunks

@@ -32,8 +32,8 @@ class AdmissionTracker:
             if key in self.counts:
                 self._recount(key, counted)
         protected = set(offer)
-        for key in offer:  # then untracked keys this request has not counted, in order
-            if key not in self.counts and key not in counted:
+        for key in offer:  # then untracked keys, in order: each enters with count 1, also when
+            if key not in self.counts:  # this request counted it before the tracker dropped it
                 counted.add(key)
                 self._enter(key, protected)
 

@@ -3,11 +3,16 @@
 Plain values in, new plain values out; no argument is mutated. ``Model.prepare_store`` calls it
 first, and CrossHair checks the ``pre:``/``post:`` lines below.
 
+A key the tracker does not hold enters with count 1 whether or not this request counted it
+before (amended A2): the tracker forgot the earlier count, so that 1 is the only count the
+request holds, and one request never takes a key from 0 to 2. A tracked key counts once per
+request and generation (``counted``); its skip is counted once per request and generation, at
+the first offer that skips it (``skipped``, amended A5), whatever the request counted before.
+
 Choices where the SPEC is silent:
 
 - A key that cannot enter the tracker (it is full and every tracked key is in the offer) is not
-  tracked (count 0) but still goes into ``counted``: the request did offer it, so its later
-  re-offer is a re-offer, and "a key the tracker dropped is not tracked again by a re-offer".
+  tracked (count 0) but still goes into ``counted``; its next offer tries to enter it again.
 - Below threshold 2 the tracker and both records come back untouched (the tracker stays empty).
 """
 from __future__ import annotations
@@ -27,9 +32,11 @@ def admission_step(
     """Record one offer; return (tracker, counted, skipped, admitted, new_skips).
 
     ``counted``/``skipped``: the keys this request counted/was skipped on in this generation.
-    ``resident``: ready or pending keys (never candidates). The last four ``post:``: A6; A1
+    ``resident``: ready or pending keys (never candidates). The last five ``post:``: A6; A1
     (nothing filtered or tracked below 2); A2/A7 (an offered tracked key gains one iff this
-    request has not counted it in this generation). Laws over several offers: ``properties/laws.py``.
+    request has not counted it in this generation); amended A2 (an offered key the tracker did not
+    hold has count 1 after the offer, or is not tracked).
+    Laws over several offers: ``properties/laws.py``.
 
     pre: threshold >= 0 and max_tracker_size >= 1 and (threshold >= 2 or not tracker)
     pre: len(tracker) <= max_tracker_size and len(dict(tracker)) == len(tracker)
@@ -42,6 +49,7 @@ def admission_step(
     post: threshold >= 2 or __return__[:3] + __return__[4:] == (tracker, counted, skipped, 0)
     post: threshold >= 2 or set(__return__[3]) == set(offer) - resident
     post: all(dict(__return__[0])[k] - n == (k not in counted) for k, n in tracker if k in offer)
+    post: all(dict(__return__[0]).get(k, 1) == 1 for k in offer if k not in dict(tracker))
     """
     offer = tuple(dict.fromkeys(offer))  # a repeated key is one offer of it
     candidates = [k for k in offer if k not in resident]
@@ -52,8 +60,8 @@ def admission_step(
         if k in counts:
             n = counts.pop(k)
             counts[k] = n if k in counted else n + 1
-    for k in offer:  # then its untracked keys enter, unless this request counted them already
-        if k in counts or k in counted:
+    for k in offer:  # then its untracked keys enter with count 1, in offer order (A2, A4)
+        if k in counts:
             continue
         if len(counts) >= max_tracker_size:
             oldest = next((o for o in counts if o not in offer), None)

@@ -233,7 +233,15 @@ class Model:
         self.generation += 1
 
     def take_events(self) -> list:
-        out, self.events = self.events, []
+        """Drains the events; a metadata-only removal loses the keys resident again by now,
+        and is dropped when none is left (amended section 5)."""
+        events, self.events = self.events, []
+        out = []
+        for keys, removed, meta in events:
+            if meta:
+                keys = tuple(k for k in keys if k not in self.resident)
+            if keys:
+                out.append((keys, removed, meta))
         return out
 
     def get_stats(self) -> dict:

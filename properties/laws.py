@@ -24,12 +24,13 @@ def step(tracker, record, offer: tuple[int, ...], t: int, size: int):
 
 def reoffer(pairs: Pairs, mask: int, offer: tuple[int, ...], t: int, size: int):
     """A2: a request offers the same keys twice (a retry, a resumed request). Returns (record,
-    tracker before, after, after the re-offer): the re-offer changes no count, and no key the
-    request counted before (and the tracker dropped since) enters again.
+    tracker before, after, after the re-offer): the re-offer changes no count, and a key that
+    enters the tracker enters with count 1, also one the request counted before the tracker
+    dropped it (amended A2), so one request never takes a key from 0 to 2.
 
     pre: ok(pairs, offer, t, size) and 0 <= mask < 8
     post: dict(__return__[3]) == dict(__return__[2])
-    post: not (set(dict(__return__[2])) - set(dict(__return__[1]))) & __return__[0]
+    post: all(n == 1 for k, n in __return__[2] if k not in dict(__return__[1]))
     """
     record = frozenset(k for i, k in enumerate(KEYS) if mask >> i & 1)
     before = tuple((KEYS[i], n) for i, n in pairs)

@@ -107,6 +107,35 @@ TrackerEvictsOfferKey.__doc__ = """A key entering a full tracker pushes out the 
 even when that key belongs to the current offer."""
 
 
+class _OldReentryTracker(AdmissionTracker):
+    def record(self, offer, counted):
+        dropped = {k for k in offer if k in counted and k not in self.counts}
+        super().record([k for k in offer if k not in dropped], counted)
+
+
+DroppedKeyNotRetracked = _with_tracker(_OldReentryTracker)
+DroppedKeyNotRetracked.__name__ = DroppedKeyNotRetracked.__qualname__ = "DroppedKeyNotRetracked"
+DroppedKeyNotRetracked.__doc__ = """The first spec's re-entry rule: a key this request counted
+before the tracker dropped it is not tracked again by the request's re-offer, where amended A2
+(and vLLM 0.34.0) enter it again with count 1."""
+
+
+class _SkipByCountedTracker(AdmissionTracker):
+    def admit(self, offer, counted, skipped, is_resident):
+        offered_before = set(counted)
+        admitted, _ = super().admit(offer, counted, skipped, is_resident)
+        stored = set(admitted)
+        return admitted, sum(1 for k in offer if not is_resident(k) and k not in stored
+                             and k not in offered_before)
+
+
+SkipUndercount = _with_tracker(_SkipByCountedTracker)
+SkipUndercount.__name__ = SkipUndercount.__qualname__ = "SkipUndercount"
+SkipUndercount.__doc__ = """The skip metric is deduplicated by the keys the request has counted
+(as vLLM 0.34.0 does): a request's skip of a key that its earlier offer admitted (then the store
+failed or was evicted, and the tracker dropped it) is never counted (amended A5)."""
+
+
 class FailedOfferNotRecorded(OffloadingManager):
     """An offer that ends in ``None`` leaves no trace: its counts, records and skips are rolled
     back, as if the manager checked for space before recording."""
@@ -309,6 +338,8 @@ MUTANTS: dict[str, Mutant] = {
     "records_by_req_id": Mutant(RecordsByReqId, admission=True),
     "reoffer_no_refresh": Mutant(ReofferNoRefresh),
     "tracker_evicts_offer_key": Mutant(TrackerEvictsOfferKey),
+    "dropped_key_not_retracked": Mutant(DroppedKeyNotRetracked, admission=True),
+    "skip_undercount": Mutant(SkipUndercount, admission=True),
     "failed_offer_not_recorded": Mutant(FailedOfferNotRecorded, admission=True),
     "tracker_cleared_on_reset": Mutant(TrackerClearedOnReset, admission=True),
     "strict_threshold": Mutant(StrictThreshold, admission=True),

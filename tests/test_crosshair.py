@@ -41,7 +41,7 @@ def test_diffbehavior_finds_no_difference_between_impl_and_model():
 
 def test_diffbehavior_finds_the_every_offer_counts_step():
     out = symbolic.run(symbolic.diff_command(
-        SMALL + "model_small", SMALL + "every_offer_counts_small", 10))
+        SMALL + "model_small", SMALL + "every_offer_counts_small", 20))
     assert out.returncode == 1, out.output
     found = symbolic.given_lines(out.output)
     assert found, out.output
@@ -127,4 +127,4 @@ test_requests_law_holds_crosshair = on_crosshair(given(*requests)(requests_law_h
 
 def test_crosshair_backend_finds_the_every_offer_counts_step():
     with pytest.raises(AssertionError):
-        every_offer_counts_differs(CROSSHAIR, max_examples=50)()
+        every_offer_counts_differs(CROSSHAIR, max_examples=150)()

@@ -215,7 +215,8 @@ def scenario_a2(make) -> dict:
     offers.append(offer(m, ["eligible", "cold"], r))  # resumed after preemption
     cold.append(count(m, C))
 
-    # A re-offer refreshes a tracked key; a key dropped meanwhile is not tracked again.
+    # A re-offer refreshes a tracked key; a key dropped meanwhile enters again with count 1
+    # (amended A2): the tracker forgot r's earlier count, so that 1 is r's only one.
     m = new(make, 4, T=2, tracker=3)
     r = ReqContext("r")
     offer(m, "a", r)
@@ -226,21 +227,23 @@ def scenario_a2(make) -> dict:
     offer(m, "d", ReqContext("y"))  # pushes out the least recent: b
     after_push = tracker_items(m)
     offer(m, "e", ReqContext("z"))  # pushes out a
-    offer(m, "a", r)  # r counted a already: not tracked again
+    offer(m, "a", r)  # r counted a before it was dropped: it enters again, count 1
     dropped = tracker_items(m)
+    offer(m, "a", r)  # and r's next re-offer does not take it to 2
+    dropped.append(count(m, K("a")))
 
     # A key repeated inside one offer is one offer of it.
     m = new(make, 4, T=2)
     offer(m, "zz", ReqContext("r"))
     return {"offers": offers, "cold_count": cold, "refreshed": refreshed,
-            "after_push": after_push, "dropped_not_retracked": dropped,
+            "after_push": after_push, "dropped_retracked": dropped,
             "repeat_count": count(m, K("z"))}
 
 
 A2 = {"offers": [None, None, ["eligible"], []], "cold_count": [1, 1, 1, 1],
       "refreshed": [("b", 1), ("a", 1)],
       "after_push": [("a", 1), ("c", 1), ("d", 1)],
-      "dropped_not_retracked": [("c", 1), ("d", 1), ("e", 1)],
+      "dropped_retracked": [("d", 1), ("e", 1), ("a", 1), 1],
       "repeat_count": 1}
 
 
@@ -251,7 +254,8 @@ def test_a2_an_offer_is_recorded_first_and_counts_once_per_request():
 @pytest.mark.parametrize("mutant, field", [
     ("failed_offer_not_recorded", "cold_count"),
     ("every_offer_counts", "cold_count"),
-    ("every_offer_counts", "dropped_not_retracked"),
+    ("every_offer_counts", "dropped_retracked"),
+    ("dropped_key_not_retracked", "dropped_retracked"),
     ("dedup_failed_retries_only", "cold_count"),
     ("reoffer_no_refresh", "refreshed"),
 ])
@@ -348,6 +352,36 @@ def test_a5_skip_metric_once_per_request_and_residents_never_skipped():
 
 def test_a5_catches_skip_metric_every_offer():
     assert_caught(scenario_a5, A5, MUTANTS["skip_metric_every_offer"], "steps")
+
+
+def scenario_a5_first_skip(make) -> dict:
+    # Amended A5: "once" is the request's first offer that skips the key, not its first offer.
+    m = new(make, 4, T=2, tracker=1)
+    steps = []
+
+    def step(spec, ctx):
+        steps.append((offer(m, spec, ctx), skipped(m)))
+
+    r = ReqContext("r")
+    step("a", ReqContext("s"))  # a: count 1, skipped
+    step("a", r)  # count 2: r's offer admits it
+    m.complete_store([K("a")], success=False)  # the store fails: a is absent again
+    step("b", ReqContext("x"))  # pushes a out of the tracker
+    step("a", r)  # a enters with count 1: r's first skip of a counts
+    step("a", r)  # and only once
+    return {"steps": steps}
+
+
+A5_FIRST_SKIP = {"steps": [([], 1), (["a"], 0), ([], 1), ([], 1), ([], 0)]}
+
+
+def test_a5_a_skip_counts_at_the_requests_first_offer_that_skips_the_key():
+    assert scenario_a5_first_skip(IMPL) == A5_FIRST_SKIP
+
+
+@pytest.mark.parametrize("mutant", ["skip_undercount", "skip_metric_every_offer"])
+def test_a5_first_skip_catches(mutant):
+    assert_caught(scenario_a5_first_skip, A5_FIRST_SKIP, MUTANTS[mutant], "steps")
 
 
 # --------------------------------------------------------------------------- A6
