@@ -14,10 +14,10 @@ import importlib
 import pkgutil
 
 import bench
-import impl
-import model
-import properties
-from properties.profiles import load_profile
+import kvgate.impl as impl
+import kvgate.model as model
+import kvgate.properties as properties
+from kvgate.properties.profiles import load_profile
 
 for _package in (impl, model, properties, bench):
     for _info in pkgutil.walk_packages(_package.__path__, _package.__name__ + "."):

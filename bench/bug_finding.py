@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from hypothesis import Phase
 from hypothesis.database import InMemoryExampleDatabase
 
-from properties.manager_machine import make_machine
-from properties.mutants import MUTANTS
-from properties.runner import run_machine
-from properties.targets import resolve_target
+from kvgate.properties.manager_machine import make_machine
+from kvgate.properties.mutants import MUTANTS
+from kvgate.properties.runner import run_machine
+from kvgate.properties.targets import resolve_target
 
 GOAL_SECONDS = 2.0
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]

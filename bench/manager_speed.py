@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from impl.base import GROUP_BYTES, ReqContext, make_key
-from impl.manager import OffloadingManager
+from kvgate.impl.base import GROUP_BYTES, ReqContext, make_key
+from kvgate.impl.manager import OffloadingManager
 
 GOAL_RATIO = 1.0
 
@@ -262,8 +262,8 @@ def impl_contender(trace: Trace) -> Contender:
 def vllm_contender(trace: Trace, spec_text: str = "vllm") -> tuple[Contender | None, str]:
     """vLLM's manager (or ``vllm=MODULE:ATTR``) with its own keys and contexts, or None and
     why not."""
-    from properties.targets import TargetError
-    from properties.vllm_adapter import resolve_vllm
+    from kvgate.properties.targets import TargetError
+    from kvgate.properties.vllm_adapter import resolve_vllm
     try:
         target = resolve_vllm(spec_text)
         # The adapter knows vLLM's key and context types; take both from it.

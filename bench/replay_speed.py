@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from impl.traces import load_trace  # noqa: E402
-from properties.replay import ReplaySettings, replay  # noqa: E402
+from kvgate.impl.traces import load_trace  # noqa: E402
+from kvgate.replay import ReplaySettings, replay  # noqa: E402
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/mooncake/conversation_trace.jsonl"
 

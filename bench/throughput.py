@@ -25,9 +25,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 
-from properties.manager_machine import make_machine
-from properties.runner import run_machine
-from properties.targets import resolve_target
+from kvgate.properties.manager_machine import make_machine
+from kvgate.properties.runner import run_machine
+from kvgate.properties.targets import resolve_target
 
 GOAL_STEPS_PER_S = 1000.0  # the manager-vs-model machine on impl
 GLUE = "machine glue"
@@ -152,8 +152,8 @@ def manager_machine(spec: str, watch: Stopwatch | None):
 
 
 def scheduler_machine(watch: Stopwatch | None):
-    from impl.manager import OffloadingManager
-    from properties.scheduler_machine import machine_for
+    from kvgate.impl.manager import OffloadingManager
+    from kvgate.properties.scheduler_machine import machine_for
 
     def impl_manager(num_chunks, cache_policy="lru", store_threshold=1,
                      max_tracker_size=64_000):
@@ -184,7 +184,7 @@ WORKER_MODEL_METHODS = ("_content", "_padding", "_set_gpu_label", "_set_slot_lab
 
 
 def worker_machine(watch: Stopwatch | None):
-    from properties.worker_machine import OffloadWorkerMachine as base
+    from kvgate.properties.worker_machine import OffloadWorkerMachine as base
     if watch is None:
         return base
 

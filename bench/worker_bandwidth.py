@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from impl.worker import OffloadWorker  # noqa: E402
+from kvgate.impl.worker import OffloadWorker  # noqa: E402
 
 KIB = 1024
 

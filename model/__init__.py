@@ -2,7 +2,7 @@
 
 ``admission_step`` is the admission rule as a pure function; ``Model`` is the whole manager.
 """
-from model.admission import admission_step
-from model.cache import Model, ModelError
+from kvgate.model.admission import admission_step
+from kvgate.model.cache import Model, ModelError
 
 __all__ = ["Model", "ModelError", "admission_step"]

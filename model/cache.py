@@ -32,7 +32,7 @@ Choices where the SPEC is silent:
 """
 from __future__ import annotations
 
-from model.admission import admission_step
+from kvgate.model.admission import admission_step
 
 
 class ModelError(Exception):

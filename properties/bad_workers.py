@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from impl.worker import OffloadWorker
+from kvgate.impl.worker import OffloadWorker
 
 
 class OffByOneOffset(OffloadWorker):

@@ -3,7 +3,7 @@ index into ``KEYS``, a record a bit mask over them: CrossHair branches on small 
 symbolic bytes. Nothing is resident."""
 from __future__ import annotations
 
-from model.admission import admission_step
+from kvgate.model.admission import admission_step
 
 KEYS = (b"a", b"b", b"c")
 Pairs = tuple[tuple[int, int], ...]  # (key, count), least recent first

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from model.cache import AdmissionDiffers, Model, ModelError
+from kvgate.model.cache import AdmissionDiffers, Model, ModelError
 
 STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
 

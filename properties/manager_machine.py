@@ -19,8 +19,8 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule)
 
-from impl.base import make_key
-from model.cache import AdmissionDiffers, Model, ModelError
+from kvgate.impl.base import make_key
+from kvgate.model.cache import AdmissionDiffers, Model, ModelError
 
 from .targets import Target
 

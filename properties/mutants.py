@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from impl.manager import PENDING, OffloadingManager, RequestRecord
-from impl.policies import ARCPolicy
-from impl.pool import ChunkPool
-from impl.tracker import AdmissionTracker
+from kvgate.impl.manager import PENDING, OffloadingManager, RequestRecord
+from kvgate.impl.policies import ARCPolicy
+from kvgate.impl.pool import ChunkPool
+from kvgate.impl.tracker import AdmissionTracker
 
 
 def _with_tracker(tracker_cls):

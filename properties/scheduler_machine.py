@@ -34,8 +34,8 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from impl.scheduler import NullWorker, Request, RequestState, Scheduler
-from model.cache import Model
+from kvgate.impl.scheduler import NullWorker, Request, RequestState, Scheduler
+from kvgate.model.cache import Model
 
 from .lockstep import LockstepManager, fmt_key
 

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import impl.tracker
-import model.admission
+from kvgate.impl import tracker as impl_tracker
+from kvgate.model import admission as model_admission
 
 Tracker = tuple[tuple[bytes, int], ...]
 Step = tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]
@@ -33,7 +33,7 @@ def every_offer_counts_step(tracker: Tracker, counted: frozenset[bytes],
                             resident: frozenset[bytes], threshold: int,
                             max_tracker_size: int) -> Step:
     """impl's step, told that the request has counted nothing yet; its record still grows."""
-    out = impl.tracker.admission_step(tracker, frozenset(), skipped, offer, resident, threshold,
+    out = impl_tracker.admission_step(tracker, frozenset(), skipped, offer, resident, threshold,
                                       max_tracker_size)
     return (out[0], counted | out[1], *out[2:])
 
@@ -75,14 +75,14 @@ def small_state(tracker: SmallTracker, counted: frozenset[Key], skipped: frozens
 def model_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
                 offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
                 max_tracker_size: Small) -> Step:
-    return model.admission.admission_step(*small_state(
+    return model_admission.admission_step(*small_state(
         tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
 
 
 def impl_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
                offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
                max_tracker_size: Small) -> Step:
-    return impl.tracker.admission_step(*small_state(
+    return impl_tracker.admission_step(*small_state(
         tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
 
 

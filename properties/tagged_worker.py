@@ -22,7 +22,7 @@ class TaggedCopyWorker:
                  worker_cls: type | None = None):
         import torch
 
-        from impl.worker import OffloadWorker
+        from kvgate.impl.worker import OffloadWorker
 
         worker_cls = worker_cls or OffloadWorker
         if page_bytes < TAG_BYTES + 1:

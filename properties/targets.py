@@ -17,8 +17,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from impl.base import ReqContext
-from impl.manager import OffloadingManager
+from kvgate.impl.base import ReqContext
+from kvgate.impl.manager import OffloadingManager
 
 POLICIES = ("lru", "arc")
 

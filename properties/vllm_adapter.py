@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
+from kvgate.impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
                        WRITE_USAGE)
 
 from .targets import POLICIES, RequestHooks, Target, TargetError, _import_attr

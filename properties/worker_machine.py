@@ -20,7 +20,7 @@ unchanged, no job, no failure used up). On the CPU path copies are synchronous, 
 ``factory(gpu_tensors, num_chunks, blocks_per_chunk)``. The module defines one machine per
 worker of ours (``OffloadWorkerMachine`` and one per known-bad worker) so that a printed
 counterexample (``state = OffByOneOffsetMachine()`` ...) replays after
-``from properties.worker_machine import *``.
+``from kvgate.properties.worker_machine import *``.
 
 Generated values that depend on the layout are *picks*: ``picks=[3, 0]`` means "the 3rd and the
 0th of the blocks that may take part, modulo their number", ``chunk_pick`` where the list of
@@ -38,8 +38,8 @@ from hypothesis import event, note as _hypothesis_note, strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from impl.worker import LOAD, STORE, OffloadWorker, TransferResult
-from properties import bad_workers
+from kvgate.impl.worker import LOAD, STORE, OffloadWorker, TransferResult
+from kvgate.properties import bad_workers
 
 DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "float16": torch.float16,
           "int32": torch.int32, "float32": torch.float32, "int64": torch.int64}

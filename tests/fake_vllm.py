@@ -26,9 +26,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from impl.base import make_key
-from impl.manager import OffloadingManager
-from properties.mutants import EveryOfferCounts
+from kvgate.impl.base import make_key
+from kvgate.impl.manager import OffloadingManager
+from kvgate.properties.mutants import EveryOfferCounts
 
 
 class OffloadKey(NamedTuple):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from properties.cli import main
-from properties.manager_machine import EXACT_ONLY
-from properties.targets import resolve_target
-from properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
+from kvgate.cli import main
+from kvgate.properties.manager_machine import EXACT_ONLY
+from kvgate.properties.targets import resolve_target
+from kvgate.properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
 
 import tests.fake_vllm as fake
 
@@ -145,7 +145,7 @@ def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing)
 
 
 def test_module_attr_bad_manager_fails(capsys):
-    code, out, _ = check(capsys, "--target", "properties.mutants:EveryOfferCounts")
+    code, out, _ = check(capsys, "--target", "kvgate.properties.mutants:EveryOfferCounts")
     assert code == 1, out
 
 
@@ -250,8 +250,8 @@ def test_repro_file_replays_the_failure_under_plain_pytest(failing, tmp_path):
 def test_repro_replays_from_the_blob_when_steps_cannot_be_printed(tmp_path):
     """A machine that draws inside its rules prints ``data(...)`` for the draws; its repro
     replays the failure's choices from the ``@reproduce_failure`` blob instead."""
-    from properties.cli import run_one
-    from properties.repro import Failure, render
+    from kvgate.cli import run_one
+    from kvgate.repro import Failure, render
     run = run_one("manager", resolve_target(FAILING), "ci", None, 30, 20, None)
     r = run.result
     notes = [n for note in r.error.__notes__ for n in note.splitlines()]
@@ -359,7 +359,7 @@ def test_replay_is_a_subcommand(capsys):
 
 
 def test_console_script_entry_point(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "properties.cli", "check", *QUICK,
+    run = subprocess.run([sys.executable, "-m", "kvgate", "check", *QUICK,
                           "--max-examples", "5"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300, env={**os.environ, "CI": "true"})
     assert run.returncode == 0, run.stdout + run.stderr
@@ -376,7 +376,7 @@ def _adapter(**kw) -> VllmAdapter:
 
 
 def test_adapter_speaks_our_keys_and_plain_values():
-    from impl.base import make_key
+    from kvgate.impl.base import make_key
     a, b = make_key(b"a"), make_key(b"b", 1)
     adapter = _adapter(store_threshold=2, max_tracker_size=8)
     ctx = adapter.new_context("r0")
@@ -399,7 +399,7 @@ def test_adapter_speaks_our_keys_and_plain_values():
 
 
 def test_adapter_drains_events_only_by_iterating_the_generator():
-    from impl.base import make_key
+    from kvgate.impl.base import make_key
     adapter = _adapter()
     ctx = adapter.new_context("r0")
     adapter.prepare_store([make_key(b"a")], ctx)
@@ -425,7 +425,7 @@ def test_adapter_tolerates_events_without_metadata_only_and_summarised_histogram
         def get_stats(self):
             return Stats()
 
-    from impl.base import make_key
+    from kvgate.impl.base import make_key
     adapter = VllmAdapter(Manager(2), types=TYPES)
     adapter.lookup(make_key(b"a"), adapter.new_context("r0"))  # the adapter has seen key a
     assert adapter.take_events() == [((make_key(b"a"),), True, False)]

@@ -11,26 +11,26 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import model.admission
-import properties.laws
-from properties import symbolic
-from properties.symbolic import Key, Small, call_checked, small_state
+from kvgate.model import admission
+from kvgate.properties import laws
+from kvgate.properties import symbolic
+from kvgate.properties.symbolic import Key, Small, call_checked, small_state
 
 pytestmark = pytest.mark.crosshair
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = "properties.symbolic."
+SMALL = "kvgate.properties.symbolic."
 
 
 # ---- CrossHair's commands
 
 def test_check_finds_no_counterexample_to_the_step_contract():
-    out = symbolic.run(symbolic.check_command(str(ROOT / "model/admission.py"), timeout=2))
+    out = symbolic.run(symbolic.check_command("kvgate.model.admission", timeout=2))
     assert out.returncode == 0 and "error" not in out.output, out.output
 
 
 def test_check_finds_no_counterexample_to_the_laws():
-    out = symbolic.run(symbolic.check_command(str(ROOT / "properties/laws.py"), timeout=5))
+    out = symbolic.run(symbolic.check_command("kvgate.properties.laws", timeout=5))
     assert out.returncode == 0 and "error" not in out.output, out.output
 
 
@@ -59,7 +59,7 @@ keyset = st.frozensets(key)
 small_inputs = st.tuples(st.lists(st.tuples(key, small), max_size=3).map(tuple), keyset, keyset,
                          st.lists(key, max_size=4).map(tuple), keyset, small, small)
 request_offers = st.lists(st.tuples(st.integers(0, 2), st.lists(key, max_size=2)), max_size=4)
-INDEX = {k: i for i, k in enumerate(properties.laws.KEYS)}
+INDEX = {k: i for i, k in enumerate(laws.KEYS)}
 
 
 def law_args(args):
@@ -74,18 +74,18 @@ def impl_matches_model(args):
 
 
 def step_contract_holds(args):
-    call_checked(model.admission.admission_step, *small_state(*args))
+    call_checked(admission.admission_step, *small_state(*args))
 
 
 def laws_hold(args):
-    call_checked(properties.laws.reoffer, *law_args(args))
+    call_checked(laws.reoffer, *law_args(args))
     if args[5] >= 2:
-        call_checked(properties.laws.after_reset, *law_args(args))
+        call_checked(laws.after_reset, *law_args(args))
 
 
 def requests_law_holds(offers, t, size):
     offers = [(req, tuple(INDEX[k.value] for k in offer)) for req, offer in offers]
-    call_checked(properties.laws.offers_from_requests, offers, t, size)
+    call_checked(laws.offers_from_requests, offers, t, size)
 
 
 def every_offer_counts_differs(parent=None, max_examples=500):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from impl.base import LookupResult, OffloadingEvent, ReqContext, make_key
-from impl.manager import OffloadingManager
-from impl.tracker import AdmissionTracker
-from properties.mutants import MUTANTS
+from kvgate.impl.base import LookupResult, OffloadingEvent, ReqContext, make_key
+from kvgate.impl.manager import OffloadingManager
+from kvgate.impl.tracker import AdmissionTracker
+from kvgate.properties.mutants import MUTANTS
 
 IMPL = OffloadingManager
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from properties.manager_machine import LABELS, make_machine
-from properties.mutants import MUTANTS
-from properties.runner import run_machine
-from properties.targets import resolve_target
+from kvgate.properties.manager_machine import LABELS, make_machine
+from kvgate.properties.mutants import MUTANTS
+from kvgate.properties.runner import run_machine
+from kvgate.properties.targets import resolve_target
 
 MAX_SHRUNK_STEPS = 12
 

@@ -1,8 +1,8 @@
 """Direct examples of the reference model: the seed's two scenarios, LRU, ARC, reset, choices."""
 import pytest
 
-from model import Model, ModelError, admission_step
-from model.cache import AdmissionDiffers
+from kvgate.model import Model, ModelError, admission_step
+from kvgate.model.cache import AdmissionDiffers
 
 SKIPPED = "vllm:kv_offload_stores_skipped"
 

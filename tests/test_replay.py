@@ -1,4 +1,4 @@
-"""Trace replay through the scheduler driver (properties/replay.py, impl/traces.py), on slices of
+"""Trace replay through the scheduler driver (kvgate/replay.py, impl/traces.py), on slices of
 the two Mooncake traces (tests/data, Apache-2.0, see the README there)."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from impl.traces import TRACE_BLOCK_SIZE, TraceError, load_trace
-from properties.replay import (ReplaySettings, format_table, main_replay, plot_sweep, replay,
+from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceError, load_trace
+from kvgate.replay import (ReplaySettings, format_table, main_replay, plot_sweep, replay,
                                reports_from_json)
 
 DATA = Path(__file__).parent / "data"
@@ -196,8 +196,8 @@ def test_copy_worker_replay_moves_every_block_intact():
 
 def test_a_worker_that_reports_before_copying_is_caught_end_to_end():
     pytest.importorskip("torch")
-    from properties.bad_workers import ReportsBeforeCopy
-    from properties.tagged_worker import TaggedCopyWorker
+    from kvgate.properties.bad_workers import ReportsBeforeCopy
+    from kvgate.properties.tagged_worker import TaggedCopyWorker
     settings = replace(STRESS[SYNTHETIC], store_threshold=1, verify=True)
     worker = TaggedCopyWorker(settings.gpu_blocks, settings.num_chunks, worker_cls=ReportsBeforeCopy)
     report = replay(load_trace(SYNTHETIC, limit=80), "impl", settings, worker=worker)

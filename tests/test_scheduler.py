@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-from impl.base import LookupResult, ReqContext, make_key
-from impl.manager import OffloadingManager
-from impl.scheduler import (NullWorker, Request, RequestState, Scheduler, block_hashes_of,
+from kvgate.impl.base import LookupResult, ReqContext, make_key
+from kvgate.impl.manager import OffloadingManager
+from kvgate.impl.scheduler import (NullWorker, Request, RequestState, Scheduler, block_hashes_of,
                             chunk_keys)
-from model.cache import Model
-from properties.lockstep import Divergence, LockstepManager
-from properties.mutants import MUTANTS
-from properties.scheduler_machine import SITUATIONS, machine_for, run_machine
+from kvgate.model.cache import Model
+from kvgate.properties.lockstep import Divergence, LockstepManager
+from kvgate.properties.mutants import MUTANTS
+from kvgate.properties.scheduler_machine import SITUATIONS, machine_for, run_machine
 
 EVERY_OFFER_COUNTS = MUTANTS["every_offer_counts"]
 SCHEDULER_CAUGHT = sorted(name for name, m in MUTANTS.items() if m.admission)

@@ -12,9 +12,9 @@ import torch
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from impl.worker import OffloadWorker, TransferResult
-from properties import bad_workers, worker_machine
-from properties.worker_machine import BAD_MACHINES, OffloadWorkerMachine
+from kvgate.impl.worker import OffloadWorker, TransferResult
+from kvgate.properties import bad_workers, worker_machine
+from kvgate.properties.worker_machine import BAD_MACHINES, OffloadWorkerMachine
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", pytest.param("cuda", marks=[
@@ -359,7 +359,7 @@ def test_machine_catches_bad_worker_with_a_short_replayable_counterexample(name)
     assert len(rules) <= 4, steps  # shrunk
     # The printed steps replay as they stand.
     namespace: dict = {}
-    exec("from properties.worker_machine import *", namespace)
+    exec("from kvgate.properties.worker_machine import *", namespace)
     with pytest.raises(AssertionError):
         exec("\n".join(steps), namespace)
 

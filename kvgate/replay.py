@@ -1,7 +1,7 @@
 """Replay a request trace through the scheduler driver, against any target of the gate.
 
 ``kvgate replay TRACE [--target SPEC ...] [--threshold T ...] [--num-chunks N ...] [--check]``
-(the same as ``python -m properties.replay TRACE ...``).
+(the same as ``python -m kvgate replay TRACE ...``).
 
 The replay: requests arrive in trace order (back-pressure: at most ``--max-running`` wait at a
 time, or by timestamp with ``--ms-per-step``), are admitted while fewer than ``--max-running``
@@ -39,11 +39,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from impl.scheduler import NullWorker, Scheduler
-from impl.traces import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
+from kvgate.impl.scheduler import NullWorker, Scheduler
+from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 
-from .lockstep import Divergence, LockstepManager
-from .targets import TargetError, resolve_target
+from kvgate.properties.lockstep import Divergence, LockstepManager
+from kvgate.properties.targets import TargetError, resolve_target
 
 
 # --------------------------------------------------------------------------- targets
@@ -149,7 +149,7 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     manager = tgt.make(s.num_chunks, policy, s.store_threshold, s.max_tracker_size)
     proxy = None
     if check:
-        from model.cache import Model
+        from kvgate.model.cache import Model
         proxy = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
                                                s.max_tracker_size),
                                 foreign=getattr(tgt, "foreign", False))
@@ -158,7 +158,7 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     if worker is not None:
         pass
     elif s.worker == "copy":
-        from .tagged_worker import TaggedCopyWorker
+        from kvgate.properties.tagged_worker import TaggedCopyWorker
         worker = TaggedCopyWorker(s.gpu_blocks, s.num_chunks, s.blocks_per_chunk,
                                   device=s.device)
     else:
@@ -209,7 +209,7 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
         report.data_errors = len(errors)
         report.data_error_examples = errors[:5]
     report.hit_rate = c.hit_rate
-    from .lockstep import fmt_key
+    from kvgate.properties.lockstep import fmt_key
     report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in sched.cold[:5]]
     return report
 

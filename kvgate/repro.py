@@ -82,7 +82,7 @@ def render(failures: list[Failure], path: str, cwd: str | None = None) -> str:
            "",
            "from hypothesis import Phase, given, settings, strategies as st",
            "",
-           "from properties.targets import resolve_target",
+           "from kvgate.properties.targets import resolve_target",
            "",
            "",
            "def _target(spec):",
@@ -110,13 +110,13 @@ def _steps_test(f: Failure, name: str) -> list[str]:
     ]
     if f.machine == "manager":
         build = [
-            "    from properties.manager_machine import make_machine",
+            "    from kvgate.properties.manager_machine import make_machine",
             "",
             f"    {f.class_name} = make_machine(_target({f.spec!r}))",
         ]
     else:
         build = [
-            "    from properties.cli import build_machine",
+            "    from kvgate.cli import build_machine",
             "",
             f"    {f.class_name} = build_machine({f.machine!r}, _target({f.spec!r}))",
         ]
@@ -141,7 +141,7 @@ def _blob_test(f: Failure, name: str) -> list[str]:
         "    from hypothesis.errors import DidNotReproduce",
         "    from hypothesis.stateful import run_state_machine_as_test",
         "",
-        "    from properties.cli import build_machine",
+        "    from kvgate.cli import build_machine",
         "",
         f"    machine = build_machine({f.machine!r}, _target({f.spec!r}))",
         f"    machine.__name__ = machine.__qualname__ = {f.class_name!r}",

@@ -37,8 +37,8 @@ from typing import Any
 from hypothesis import Phase
 from hypothesis import settings as Settings
 
-from .profiles import PROFILES, default_profile
-from .targets import Target, TargetError, resolve_target
+from kvgate.properties.profiles import PROFILES, default_profile
+from kvgate.properties.targets import Target, TargetError, resolve_target
 
 MACHINES = ("manager", "scheduler")
 DEFAULT_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
@@ -68,12 +68,12 @@ class _Parser(argparse.ArgumentParser):
 
 def build_machine(kind: str, target: Target):
     """The machine class of ``kind`` checking ``target``, named as Hypothesis prints it."""
-    from .manager_machine import machine_name
+    from kvgate.properties.manager_machine import machine_name
     if kind == "manager":
-        from .manager_machine import make_machine
+        from kvgate.properties.manager_machine import make_machine
         return make_machine(target)
     if kind == "scheduler":
-        from .scheduler_machine import machine_for
+        from kvgate.properties.scheduler_machine import machine_for
 
         def factory(num_chunks, cache_policy="lru", store_threshold=1,
                     max_tracker_size=64_000):
@@ -88,14 +88,14 @@ def build_machine(kind: str, target: Target):
 def machine_labels(kind: str) -> tuple[str, ...]:
     """The coverage labels a machine is expected to hit."""
     if kind == "manager":
-        from .manager_machine import LABELS
+        from kvgate.properties.manager_machine import LABELS
         return tuple(LABELS)
-    from .scheduler_machine import SITUATIONS
+    from kvgate.properties.scheduler_machine import SITUATIONS
     return tuple(SITUATIONS)
 
 
 def exact_only() -> tuple[str, ...]:
-    from .manager_machine import EXACT_ONLY
+    from kvgate.properties.manager_machine import EXACT_ONLY
     return tuple(EXACT_ONLY)
 
 
@@ -175,7 +175,7 @@ def run_one(kind: str, target: Target, profile: str, seed: int | None,
             max_examples: int | None, steps: int | None, database, explain: bool = False,
             on_example: Callable[[], None] | None = None) -> Run:
     """Run one machine against one target; never raises for a failure or a target error."""
-    from .runner import run_machine
+    from kvgate.properties.runner import run_machine
     run = Run(kind, target.spec, target.foreign)
     machine = _watched(build_machine(kind, target), on_example)
     overrides: dict[str, Any] = {"print_blob": True,
@@ -317,7 +317,7 @@ def write_junit(path: str, runs: Sequence[Run], suite: str = "kvgate") -> None:
 
 
 def write_repro(path: str, runs: Sequence[Run], steps: int) -> int:
-    from .repro import Failure, render
+    from kvgate.repro import Failure, render
     failures = []
     for run in runs:
         if run.status != "FAIL":
@@ -531,7 +531,7 @@ def _mutant_run(name: str, kind: str, profile: str, seed, max_examples, steps, e
 
 
 def cmd_mutants(args) -> int:
-    from .mutants import MUTANTS
+    from kvgate.properties.mutants import MUTANTS
     profile = args.profile or default_profile()
     names = list(dict.fromkeys(args.only or MUTANTS))
     unknown = [n for n in names if n not in MUTANTS]
@@ -628,8 +628,8 @@ def _print_mutants(display: Display, rows, show_machine: bool) -> None:
 # --------------------------------------------------------------------------- list
 
 def cmd_list(args) -> int:
-    from .mutants import MUTANTS
-    from .vllm_adapter import VLLM_MANAGER
+    from kvgate.properties.mutants import MUTANTS
+    from kvgate.properties.vllm_adapter import VLLM_MANAGER
     out = []
     out.append("targets:")
     for spec, what in TARGET_KINDS:
@@ -691,7 +691,7 @@ def make_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=cmd_list)
 
     try:
-        from .replay import add_replay_parser
+        from kvgate.replay import add_replay_parser
     except ImportError:
         pass
     else:
