@@ -31,13 +31,18 @@ def key_group(key: bytes) -> int:
     return int.from_bytes(key[-GROUP_BYTES:], "big")
 
 
-class LookupResult(enum.Enum):
-    MISS = "miss"
-    HIT = "hit"
-    HIT_PENDING = "hit_pending"
+class LookupResult(str, enum.Enum):
+    """A lookup's answer; each member equals its name (``LookupResult.HIT == "HIT"``), the plain
+    value the reference model answers with."""
+
+    MISS = "MISS"
+    HIT = "HIT"
+    HIT_PENDING = "HIT_PENDING"
 
     def __repr__(self) -> str:
         return f"LookupResult.{self.name}"
+
+    __str__ = str.__str__
 
 
 class ReqContext:
@@ -72,16 +77,22 @@ class PrepareStoreOutput(NamedTuple):
     evicted_keys: list[bytes]
 
 
-@dataclass(frozen=True)
-class OffloadingEvent:
-    """Keys stored (``removed=False``) or removed from the CPU tier."""
+class OffloadingEvent(NamedTuple):
+    """Keys stored (``removed=False``) or removed from the CPU tier; a tuple ``(keys, removed,
+    metadata_only)``, equal to the model's plain event."""
 
     keys: tuple[bytes, ...]
     removed: bool
     metadata_only: bool = False
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "keys", tuple(self.keys))
+
+class TransferResult(NamedTuple):
+    """One finished copy job, as a worker's ``get_finished`` reports it (SPEC section 6)."""
+
+    job_id: int
+    success: bool
+    bytes: int = 0
+    seconds: float = 0.0
 
 
 # Upstream metric names (SPEC section 5).

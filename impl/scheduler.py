@@ -20,11 +20,14 @@ SPEC section 7. ``Scheduler`` plays the engine's side of the offloading manager,
   pinned with ``prepare_load``, copied by a load job, and released with ``complete_load`` when
   the job completes. The request runs once its load is done.
 
-The worker is injectable. ``NullWorker`` completes jobs a set number of steps after they were
-submitted (or when released), moves no bytes, and can optionally carry one tag per block so that
-the data path is checked without torch. Any object with ``submit_store(job_id, gpu_blocks,
-chunk_ids, offset=0)``, ``submit_load(job_id, chunk_ids, gpu_blocks, offset=0)``,
-``get_finished()`` and ``wait(job_ids)`` fits (``impl.worker``'s GPU-copy worker does).
+The manager speaks kvgate's interface (``impl/base.py``: ``LookupResult``, ``PrepareStoreOutput``
+with plain chunk ids, stats as a metric-name dict or a ``Stats``); a foreign manager reaches the
+driver only through a target adapter that answers in those types. The worker is any object with
+``submit_store(job_id, gpu_blocks, chunk_ids, offset=0)``, ``submit_load(job_id, chunk_ids,
+gpu_blocks, offset=0)``, ``get_finished()`` and ``wait(job_ids)`` (``impl.worker``'s GPU-copy
+worker; the harness's ``properties.null_worker.NullWorker``); ``advance()`` is called at the
+start of each step and ``write_gpu(block, data)`` when compute writes a block, if the worker
+has them.
 
 Choices where the SPEC is silent (written down here, tested in ``tests/test_scheduler.py``):
 
@@ -55,9 +58,9 @@ import hashlib
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from .base import LookupResult, ReqContext, make_key
+from .base import STORES_SKIPPED, LookupResult, ReqContext, make_key
 
 HASH_BYTES = 8
 
@@ -84,127 +87,6 @@ def chunk_keys(block_hashes: Sequence[bytes], blocks_per_chunk: int, group_idx: 
     """One key per complete chunk, named after the chunk's last block hash."""
     n = len(block_hashes) // blocks_per_chunk
     return [make_key(block_hashes[(i + 1) * blocks_per_chunk - 1], group_idx) for i in range(n)]
-
-
-# --------------------------------------------------------------------------- the null worker
-
-class TransferResult(NamedTuple):
-    job_id: int
-    success: bool
-    bytes: int = 0
-    seconds: float = 0.0
-
-
-class NullWorker:
-    """An in-process worker that moves no bytes: a job completes ``delay`` steps after it was
-    submitted (``delay=None``: when ``release``d or waited for; loads take ``load_delay`` when
-    it is given). ``advance()`` is one step; the
-    scheduler calls it at the start of each of its steps.
-
-    With ``track_data=True`` it keeps one tag per GPU block and per chunk sub-block and copies
-    tags when a job completes, so a test can check that every chunk holds the data of its key.
-    """
-
-    def __init__(self, delay: int | None = 1, blocks_per_chunk: int = 1, track_data: bool = False,
-                 load_delay: int | None = None, fail_every: int = 0):
-        for name, value in (("delay", delay), ("load_delay", load_delay)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
-        if not isinstance(fail_every, int) or fail_every < 0:
-            raise ValueError(f"fail_every must be an int >= 0, got {fail_every!r}")
-        self.delay = delay
-        self.load_delay = load_delay  # None: the same as ``delay``
-        self.fail_every = fail_every  # > 0: every fail_every-th store job's copy fails
-        self._stores = 0
-        self.blocks_per_chunk = blocks_per_chunk
-        self.track_data = track_data
-        self.now = 0
-        self._jobs: dict[int, list] = {}  # job id -> [due step or None, kind, gpu, chunks, offset]
-        self._done: list[int] = []
-        self._fail: set[int] = set()
-        self.gpu: dict[int, Any] = {}
-        self.cpu: dict[tuple[int, int], Any] = {}
-
-    # --- the worker interface
-    def submit_store(self, job_id: int, gpu_blocks: Sequence[int], chunk_ids: Sequence[int],
-                     offset: int = 0) -> None:
-        self._submit(job_id, "store", gpu_blocks, chunk_ids, offset)
-        self._stores += 1
-        if self.fail_every and self._stores % self.fail_every == 0:
-            self._fail.add(job_id)
-
-    def submit_load(self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int],
-                    offset: int = 0) -> None:
-        self._submit(job_id, "load", gpu_blocks, chunk_ids, offset)
-
-    def _submit(self, job_id, kind, gpu_blocks, chunk_ids, offset) -> None:
-        if job_id in self._jobs:
-            raise ValueError(f"job {job_id} submitted twice")
-        gpu_blocks, chunk_ids = list(gpu_blocks), list(chunk_ids)
-        if len(gpu_blocks) != len(chunk_ids) * self.blocks_per_chunk - offset:
-            raise ValueError(f"job {job_id}: {len(gpu_blocks)} GPU blocks for {len(chunk_ids)} "
-                             f"chunks of {self.blocks_per_chunk} blocks at offset {offset}")
-        delay = self.load_delay if kind == "load" and self.load_delay is not None else self.delay
-        due = None if delay is None else self.now + delay
-        self._jobs[job_id] = [due, kind, gpu_blocks, chunk_ids, offset]
-
-    def get_finished(self) -> list[TransferResult]:
-        now = self.now
-        due = [j for j, job in self._jobs.items() if job[0] is not None and job[0] <= now]
-        out = []
-        for job_id in sorted(set(self._done) | set(due)):
-            if job_id in self._jobs:
-                out.append(self._finish(job_id))
-        self._done = []
-        return out
-
-    def wait(self, job_ids: Iterable[int]) -> None:
-        for job_id in job_ids:
-            if job_id in self._jobs:
-                self._done.append(job_id)
-
-    # --- test controls
-    def advance(self) -> None:
-        self.now += 1
-
-    def release(self, job_ids: Iterable[int]) -> None:
-        """Let these jobs complete at the next ``get_finished``."""
-        self.wait(job_ids)
-
-    def fail(self, job_id: int) -> None:
-        """Make this job's copy fail: it is reported with ``success=False`` and copies nothing."""
-        self._fail.add(job_id)
-
-    def in_flight(self) -> list[int]:
-        return sorted(self._jobs)
-
-    def kind(self, job_id: int) -> str | None:
-        job = self._jobs.get(job_id)
-        return None if job is None else job[1]
-
-    # --- data tags
-    def write_gpu(self, block: int, tag: Any) -> None:
-        if self.track_data:
-            self.gpu[block] = tag
-
-    def gpu_tag(self, block: int) -> Any:
-        return self.gpu.get(block)
-
-    def chunk_tags(self, chunk: int) -> list:
-        return [self.cpu.get((chunk, j)) for j in range(self.blocks_per_chunk)]
-
-    def _finish(self, job_id: int) -> TransferResult:
-        _, kind, gpu_blocks, chunk_ids, offset = self._jobs.pop(job_id)
-        ok = job_id not in self._fail
-        self._fail.discard(job_id)
-        if ok and self.track_data:
-            slots = [(c, j) for c in chunk_ids for j in range(self.blocks_per_chunk)][offset:]
-            for block, slot in zip(gpu_blocks, slots):
-                if kind == "store":
-                    self.cpu[slot] = self.gpu.get(block)
-                else:
-                    self.gpu[block] = self.cpu.get(slot)
-        return TransferResult(job_id, ok, 0, 0.0)
 
 
 # --------------------------------------------------------------------------- requests
@@ -271,7 +153,6 @@ class Counters:
     reoffers_after_preemption: int = 0  # first offers of resumed requests (from chunk 0)
     reoffers_after_reset: int = 0  # first offers of requests restarted by a reset
     admitted: int = 0  # keys in keys_to_store
-    cold_admissions: int = 0  # admitted while fewer than T distinct requests had offered them
     store_jobs: int = 0
     stores_completed: int = 0  # keys whose store succeeded
     stores_failed: int = 0  # keys whose copy failed
@@ -310,18 +191,12 @@ class _Job:
 
 
 class Scheduler:
-    """The engine's side of the manager protocol, one ``step()`` at a time.
+    """The engine's side of the manager protocol, one ``step()`` at a time."""
 
-    ``audit_threshold``: when set, the scheduler remembers which requests offered each key and
-    counts an admission as cold when fewer than that many distinct requests had offered the key
-    (a reset starts every request's offers over, as it starts its counting over: SPEC A7).
-    """
-
-    def __init__(self, manager: Any, worker: Any | None = None, *, block_size: int = 16,
+    def __init__(self, manager: Any, worker: Any, *, block_size: int = 16,
                  blocks_per_chunk: int = 1, num_gpu_blocks: int = 1 << 20, max_running: int = 16,
                  max_tokens_per_step: int | None = None, group_idx: int = 0,
-                 audit_threshold: int | None = None, on_step: Callable[[int], None] | None = None,
-                 verify_data: bool = False):
+                 on_step: Callable[[int], None] | None = None):
         for name, value in (("block_size", block_size), ("blocks_per_chunk", blocks_per_chunk),
                             ("num_gpu_blocks", num_gpu_blocks), ("max_running", max_running)):
             if not isinstance(value, int) or value < 1:
@@ -329,7 +204,7 @@ class Scheduler:
         if max_tokens_per_step is not None and max_tokens_per_step < 1:
             raise ValueError(f"max_tokens_per_step must be >= 1, got {max_tokens_per_step!r}")
         self.manager = manager
-        self.worker = worker if worker is not None else NullWorker(1, blocks_per_chunk)
+        self.worker = worker
         self.block_size = block_size
         self.blocks_per_chunk = blocks_per_chunk
         self.chunk_tokens = block_size * blocks_per_chunk
@@ -337,7 +212,6 @@ class Scheduler:
         self.max_running = max_running
         self.max_tokens_per_step = max_tokens_per_step
         self.group_idx = group_idx
-        self.audit_threshold = audit_threshold
         self.on_step = on_step
         self.counters = Counters()
         self.step_no = 0
@@ -351,15 +225,7 @@ class Scheduler:
         self._next_job = 0
         self._stale_below = 0
         self._next_serial = 0
-        self.chunk_of: dict[bytes, int] = {}  # keys stored by this scheduler -> chunk id
-        self.offerers: dict[bytes, set[tuple[int, int]]] = {}
-        self.cold: list[tuple[int, bytes, int]] = []  # (step, key, distinct offerers), first 100
         self._advance = getattr(self.worker, "advance", None)
-        # verify_data: a worker with data tags (write_gpu / gpu_tag / chunk_tags) is checked:
-        # each completed load must bring its blocks' data, each stored chunk must hold its key's
-        self._gpu_tag = getattr(self.worker, "gpu_tag", None) if verify_data else None
-        self._chunk_hashes: dict[bytes, tuple[bytes, ...]] = {}
-        self.data_errors: list[str] = []
         self._new_context = getattr(manager, "new_context", None) or ReqContext
         self._write = getattr(self.worker, "write_gpu", None)
 
@@ -372,10 +238,6 @@ class Scheduler:
             raise ValueError(f"request {req.req_id!r} needs {-(-tokens // self.block_size)} GPU "
                              f"blocks; there are {self.num_gpu_blocks}")
         req.keys = chunk_keys(req.block_hashes, self.blocks_per_chunk, self.group_idx)
-        if self._gpu_tag is not None:
-            bpc = self.blocks_per_chunk
-            for i, key in enumerate(req.keys):
-                self._chunk_hashes[key] = tuple(req.block_hashes[i * bpc:(i + 1) * bpc])
         req.ctx = self._new_context(req.req_id)
         req.serial = self._next_serial
         self._next_serial += 1
@@ -432,25 +294,9 @@ class Scheduler:
         self.manager.reset_cache()
         self.generation += 1
         self.counters.resets += 1
-        self.chunk_of.clear()
         for req in (*self.running, *self._finishing):  # waiting and held ones are at 0
             req.store_pos = 0
             req.restarted = "reset"
-
-    def stored_data_errors(self) -> list[str]:
-        """With ``verify_data``: every chunk whose store completed holds its key's blocks."""
-        chunk_tags = getattr(self.worker, "chunk_tags", None)
-        if self._gpu_tag is None or chunk_tags is None:
-            return []
-        pending = {k for job in self._jobs.values() if job.kind == "store" for k in job.keys}
-        errors = []
-        for key, chunk in self.chunk_of.items():
-            if key in pending:
-                continue
-            held = tuple(chunk_tags(chunk))
-            if held != self._chunk_hashes.get(key):
-                errors.append(f"chunk {chunk} of key {key.hex()} holds {held!r}")
-        return errors
 
     @property
     def idle(self) -> bool:
@@ -491,7 +337,8 @@ class Scheduler:
             if req.state is RequestState.RUNNING:
                 self._offer(req)
         stats = self.manager.get_stats()
-        self.counters.skips += _skips_of(stats)
+        stats = stats.as_dict() if hasattr(stats, "as_dict") else stats
+        self.counters.skips += stats.get(STORES_SKIPPED) or 0
         for _ in self.manager.take_events():  # drained, as an engine publishes them
             pass
         for req in done:
@@ -599,9 +446,9 @@ class Scheduler:
         lookup = self.manager.lookup
         for key in req.keys[:limit]:
             result = lookup(key, req.ctx)
-            if result is LookupResult.HIT or result == "HIT":
+            if result is LookupResult.HIT:
                 hits.append(key)
-            elif result is LookupResult.HIT_PENDING or result == "HIT_PENDING":
+            elif result is LookupResult.HIT_PENDING:
                 return None
             else:
                 break
@@ -609,8 +456,7 @@ class Scheduler:
 
     def _start_load(self, req: Request, hits: list[bytes]) -> None:
         self.manager.touch(hits, req.ctx)
-        spec = self.manager.prepare_load(hits, req.ctx)
-        chunk_ids = _chunk_ids(spec)
+        chunk_ids = list(self.manager.prepare_load(hits, req.ctx))
         blocks = [self._free_blocks.pop() for _ in range(len(hits) * self.blocks_per_chunk)]
         req.block_table.extend(blocks)
         req.state = RequestState.LOADING
@@ -635,14 +481,6 @@ class Scheduler:
         elif req.restarted == "reset":
             c.reoffers_after_reset += 1
         req.restarted = None
-        if self.audit_threshold is not None:
-            who = (req.serial, self.generation)
-            for key in keys:
-                s = self.offerers.get(key)
-                if s is None:
-                    self.offerers[key] = {who}
-                else:
-                    s.add(who)
         out = self.manager.prepare_store(keys, req.ctx)
         if out is None:
             c.allocation_failures += 1
@@ -651,29 +489,17 @@ class Scheduler:
         req.last_offer_failed = False
         start = req.store_pos
         req.store_pos = end
-        to_store, spec, evicted = out  # PrepareStoreOutput, or an adapter's plain tuple
+        to_store, chunk_ids, evicted = out
         c.evictions += len(evicted)
-        for key in evicted:
-            self.chunk_of.pop(key, None)
         if not to_store:
             return True
-        to_store = list(to_store)
-        chunk_ids = _chunk_ids(spec)
         c.admitted += len(to_store)
-        if self.audit_threshold is not None:
-            for key in to_store:
-                n = len(self.offerers.get(key, ()))
-                if n < self.audit_threshold:
-                    c.cold_admissions += 1
-                    if len(self.cold) < 100:
-                        self.cold.append((self.step_no, key, n))
         index = {k: i for i, k in enumerate(keys, start)}
         bpc = self.blocks_per_chunk
         blocks: list[int] = []
-        for key, chunk in zip(to_store, chunk_ids):
+        for key in to_store:
             i = index[key]
             blocks.extend(req.block_table[i * bpc:(i + 1) * bpc])
-            self.chunk_of[key] = chunk
         job_id = self._new_job(_Job("store", req, to_store, chunk_ids))
         c.store_jobs += 1
         self.worker.submit_store(job_id, blocks, chunk_ids)
@@ -708,8 +534,6 @@ class Scheduler:
                     self.counters.stores_completed += len(job.keys)
                 else:
                     self.counters.stores_failed += len(job.keys)
-                    for key in job.keys:
-                        self.chunk_of.pop(key, None)
             else:
                 self.manager.complete_load(job.keys, req.ctx)
                 self._load_done(req, job, bool(result.success))
@@ -732,13 +556,6 @@ class Scheduler:
         req.state = RequestState.RUNNING
         if success:
             req.num_computed = len(job.keys) * self.chunk_tokens
-            if self._gpu_tag is not None:
-                for b in range(len(job.keys) * self.blocks_per_chunk):
-                    got = self._gpu_tag(req.block_table[b])
-                    if got != req.block_hashes[b] and len(self.data_errors) < 100:
-                        self.data_errors.append(
-                            f"step {self.step_no}: {req.req_id}'s block {b} loaded from chunk "
-                            f"{job.chunk_ids[b // self.blocks_per_chunk]} holds {got!r}")
         # a failed load: the blocks are there but hold nothing; recompute from token 0
 
     def _free(self, req: Request) -> None:
@@ -751,20 +568,3 @@ class Scheduler:
             req.state = RequestState.DROPPED
             if self.requests.get(req.req_id) is req:
                 del self.requests[req.req_id]
-
-
-def _chunk_ids(spec: Any) -> list[int]:
-    ids = getattr(spec, "block_ids", spec)
-    return [int(i) for i in ids]
-
-
-def _skips_of(stats: Any) -> int:
-    if hasattr(stats, "stores_skipped"):
-        return stats.stores_skipped or 0
-    if hasattr(stats, "as_dict"):
-        stats = stats.as_dict()
-    elif hasattr(stats, "reduce"):
-        stats = stats.reduce()
-    if isinstance(stats, dict):
-        return int(stats.get("vllm:kv_offload_stores_skipped", 0) or 0)
-    return 0

@@ -74,24 +74,17 @@ import collections
 import dataclasses
 import operator
 import time
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
+
+from .base import TransferResult
 
 STORE = "store"
 LOAD = "load"
 KINDS = (STORE, LOAD)
 
 _WORD_DTYPES = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
-
-
-class TransferResult(NamedTuple):
-    """One finished job, as ``get_finished`` reports it."""
-
-    job_id: int
-    success: bool
-    bytes: int
-    seconds: float
 
 
 @dataclasses.dataclass(eq=False)

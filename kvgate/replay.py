@@ -39,10 +39,12 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvgate.impl.scheduler import NullWorker, Scheduler
+from kvgate.impl.scheduler import Scheduler
 from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceError, TraceRequest, load_trace
 
-from kvgate.properties.lockstep import Divergence, LockstepManager
+from kvgate.properties.audit import Audit
+from kvgate.properties.oracle import Divergence, LockstepManager
+from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.targets import TargetError, resolve_target
 
 
@@ -164,12 +166,17 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     else:
         worker = NullWorker(delay=s.store_delay, blocks_per_chunk=s.blocks_per_chunk,
                             load_delay=s.load_delay, fail_every=s.fail_every, track_data=verify)
-    sched = Scheduler(manager, worker, block_size=s.block_size,
+    audit = Audit(manager, worker, s.store_threshold, s.blocks_per_chunk, data=verify)
+
+    def on_step(step: int) -> None:
+        audit.set_step(step)
+        if proxy is not None:
+            proxy.set_step(step)
+
+    sched = Scheduler(audit.manager, audit.worker, block_size=s.block_size,
                       blocks_per_chunk=s.blocks_per_chunk, num_gpu_blocks=s.gpu_blocks,
                       max_running=s.max_running, max_tokens_per_step=s.prefill_tokens,
-                      audit_threshold=s.store_threshold,
-                      on_step=proxy.set_step if proxy is not None else None,
-                      verify_data=verify)
+                      on_step=on_step)
     report = ReplayReport(getattr(tgt, "spec", str(target)), s, checked=check)
     total = len(trace)
     started = time.perf_counter()
@@ -179,11 +186,11 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
             if s.ms_per_step > 0:
                 now_ms = sched.step_no * s.ms_per_step
                 while nxt < total and trace[nxt].timestamp <= now_ms:
-                    sched.add_request(trace[nxt].to_request(f"r{nxt}", s.block_size))
+                    audit.expect(sched.add_request(trace[nxt].to_request(f"r{nxt}", s.block_size)))
                     nxt += 1
             else:
                 while nxt < total and len(sched.waiting) < s.max_running:
-                    sched.add_request(trace[nxt].to_request(f"r{nxt}", s.block_size))
+                    audit.expect(sched.add_request(trace[nxt].to_request(f"r{nxt}", s.block_size)))
                     nxt += 1
             if nxt >= total and sched.idle:
                 break
@@ -198,19 +205,20 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     if progress is not None:
         progress(sched.counters.finished, total)
     c = sched.counters
-    for name in ("requests", "finished", "steps", "offers", "admitted", "cold_admissions",
+    report.cold_admissions = audit.cold_admissions
+    for name in ("requests", "finished", "steps", "offers", "admitted",
                  "skips", "allocation_failures", "retries", "finish_retries", "preemptions",
                  "evictions", "resets", "stores_completed", "stores_failed", "stores_stale",
                  "loads", "prefix_chunks", "prefix_hits"):
         setattr(report, name, getattr(c, name))
     report.stores_in_flight = c.stores_in_flight()
     if verify:
-        errors = sched.data_errors + sched.stored_data_errors()
+        errors = audit.data_errors + audit.stored_data_errors()
         report.data_errors = len(errors)
         report.data_error_examples = errors[:5]
     report.hit_rate = c.hit_rate
-    from kvgate.properties.lockstep import fmt_key
-    report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in sched.cold[:5]]
+    from kvgate.properties.oracle import fmt_key
+    report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in audit.cold[:5]]
     return report
 
 

@@ -338,7 +338,7 @@ MUTANTS: dict[str, Mutant] = {
     "records_by_req_id": Mutant(RecordsByReqId, admission=True),
     "reoffer_no_refresh": Mutant(ReofferNoRefresh),
     "tracker_evicts_offer_key": Mutant(TrackerEvictsOfferKey),
-    "dropped_key_not_retracked": Mutant(DroppedKeyNotRetracked, admission=True),
+    "dropped_key_not_retracked": Mutant(DroppedKeyNotRetracked),
     "skip_undercount": Mutant(SkipUndercount, admission=True),
     "failed_offer_not_recorded": Mutant(FailedOfferNotRecorded, admission=True),
     "tracker_cleared_on_reset": Mutant(TrackerClearedOnReset, admission=True),

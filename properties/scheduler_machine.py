@@ -34,10 +34,12 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule, run_state_machine_as_test)
 
-from kvgate.impl.scheduler import NullWorker, Request, RequestState, Scheduler
+from kvgate.impl.scheduler import Request, RequestState, Scheduler
 from kvgate.model.cache import Model
 
-from .lockstep import LockstepManager, fmt_key
+from .audit import Audit
+from .oracle import LockstepManager, fmt_key
+from .null_worker import NullWorker
 
 VOCAB = (1, 2)
 NAMES = ("a", "b", "c")
@@ -83,10 +85,15 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         self.proxy = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
         self.worker = NullWorker(delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True)
         self.bpc = blocks_per_chunk
-        self.sched = Scheduler(self.proxy, self.worker, block_size=BLOCK_SIZE,
+        self.audit = Audit(self.proxy, self.worker, threshold, blocks_per_chunk)
+        self.sched = Scheduler(self.audit.manager, self.worker, block_size=BLOCK_SIZE,
                                blocks_per_chunk=blocks_per_chunk, num_gpu_blocks=GPU_BLOCKS,
                                max_running=4, max_tokens_per_step=budget,
-                               audit_threshold=threshold, on_step=self.proxy.set_step)
+                               on_step=self._on_step)
+
+    def _on_step(self, step: int) -> None:
+        self.proxy.set_step(step)
+        self.audit.set_step(step)
 
     # ------------------------------------------------------------------ helpers
     def _pick(self, which: int, states) -> Request:
@@ -203,8 +210,8 @@ class SchedulerMachineBase(RuleBasedStateMachine):
             self._tracker_and_policy_order_agree()
 
     def _no_chunk_for_a_key_too_few_requests_offered(self):
-        if self.sched.counters.cold_admissions:
-            step, key, n = self.sched.cold[0]
+        if self.audit.cold_admissions:
+            step, key, n = self.audit.cold[0]
             raise AssertionError(
                 f"step {step}: {fmt_key(key)} admitted after {n} distinct request(s) offered "
                 f"it, store_threshold={self.threshold}")

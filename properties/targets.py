@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvgate.impl.base import ReqContext
+from kvgate.impl.base import LookupResult, OffloadingEvent, PrepareStoreOutput, ReqContext
 from kvgate.impl.manager import OffloadingManager
 
 POLICIES = ("lru", "arc")
@@ -59,9 +59,9 @@ class NativeAdapter(RequestHooks):
     def new_context(self, req_id: str):
         return ReqContext(req_id)
 
-    def lookup(self, key: bytes, ctx=None) -> str:
+    def lookup(self, key: bytes, ctx=None) -> LookupResult:
         result = self.manager.lookup(key, ctx)
-        return getattr(result, "name", result)
+        return LookupResult(getattr(result, "name", result))
 
     def prepare_load(self, keys, ctx=None) -> list[int]:
         return [int(i) for i in self.manager.prepare_load(list(keys), ctx)]
@@ -76,7 +76,8 @@ class NativeAdapter(RequestHooks):
         out = self.manager.prepare_store(list(keys), ctx)
         if out is None:
             return None
-        return list(out.keys_to_store), [int(i) for i in out.store_spec], list(out.evicted_keys)
+        return PrepareStoreOutput(list(out.keys_to_store), [int(i) for i in out.store_spec],
+                                  list(out.evicted_keys))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self.manager.complete_store(list(keys), ctx, success=success)
@@ -84,8 +85,8 @@ class NativeAdapter(RequestHooks):
     def reset_cache(self) -> None:
         self.manager.reset_cache()
 
-    def take_events(self) -> list[tuple[tuple[bytes, ...], bool, bool]]:
-        return [(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
+    def take_events(self) -> list[OffloadingEvent]:
+        return [OffloadingEvent(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
                 for e in self.manager.take_events()]
 
     def get_stats(self) -> dict:

@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any
 
 from kvgate.impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
-                       WRITE_USAGE)
+                              WRITE_USAGE, LookupResult, OffloadingEvent, PrepareStoreOutput)
 
 from .targets import POLICIES, RequestHooks, Target, TargetError, _import_attr
 
@@ -78,11 +78,11 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _name_of(result: Any) -> str:
-    """``LookupResult.HIT`` (any enum) or ``"hit"`` -> ``"HIT"``."""
+def _name_of(result: Any) -> LookupResult:
+    """``LookupResult.HIT`` (any enum) or ``"hit"`` -> kvgate's ``LookupResult.HIT``."""
     if isinstance(result, bool):
-        return "HIT" if result else "MISS"
-    return str(getattr(result, "name", result)).upper()
+        return LookupResult.HIT if result else LookupResult.MISS
+    return LookupResult(str(getattr(result, "name", result)).upper())
 
 
 def _ids(spec: Any) -> list[int]:
@@ -158,7 +158,7 @@ class VllmAdapter(RequestHooks):
 
     # --- the manager protocol ---
 
-    def lookup(self, key: bytes, ctx=None) -> str:
+    def lookup(self, key: bytes, ctx=None) -> LookupResult:
         return _name_of(self.manager.lookup(self._key(key), ctx))
 
     def prepare_load(self, keys, ctx=None) -> list[int]:
@@ -174,8 +174,8 @@ class VllmAdapter(RequestHooks):
         out = self.manager.prepare_store(self._keys(keys), ctx)
         if out is None:
             return None
-        return (self._backs(out.keys_to_store), _ids(out.store_spec),
-                self._backs(out.evicted_keys))
+        return PrepareStoreOutput(self._backs(out.keys_to_store), _ids(out.store_spec),
+                                  self._backs(out.evicted_keys))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self.manager.complete_store(self._keys(keys), ctx, success=success)
@@ -183,10 +183,10 @@ class VllmAdapter(RequestHooks):
     def reset_cache(self) -> None:
         self.manager.reset_cache()
 
-    def take_events(self) -> list[tuple[tuple[bytes, ...], bool, bool]]:
+    def take_events(self) -> list[OffloadingEvent]:
         # vLLM's take_events() is a generator: nothing is drained until it is iterated.
-        return [(tuple(self._backs(e.keys)), bool(e.removed),
-                 bool(getattr(e, "metadata_only", False)))
+        return [OffloadingEvent(tuple(self._backs(e.keys)), bool(e.removed),
+                                bool(getattr(e, "metadata_only", False)))
                 for e in (self.manager.take_events() or ())]
 
     def get_stats(self) -> dict[str, Any]:

@@ -87,13 +87,13 @@ def test_impl_arc(capsys):
 
 
 def test_module_attr_target_is_checked_exactly(capsys):
-    code, out, _ = check(capsys, "--target", "impl.manager:OffloadingManager")
+    code, out, _ = check(capsys, "--target", "kvgate.impl.manager:OffloadingManager")
     assert code == 0, out
     assert "skipped for foreign targets" not in out
 
 
 def test_foreign_target_names_the_skipped_properties(capsys):
-    code, out, _ = check(capsys, "--target", "foreign=impl.manager:OffloadingManager")
+    code, out, _ = check(capsys, "--target", "foreign=kvgate.impl.manager:OffloadingManager")
     assert code == 0, out
     skipped = next(line for line in out.splitlines() if line.startswith("skipped for foreign"))
     for name in EXACT_ONLY:
@@ -165,12 +165,12 @@ def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path
 
 @pytest.mark.parametrize("args, says", [
     (["check", "--target", "no_such_module_kvgate:Manager"], "cannot import"),
-    (["check", "--target", "impl.manager:NoSuchManager"], "has no attribute"),
+    (["check", "--target", "kvgate.impl.manager:NoSuchManager"], "has no attribute"),
     (["check", "--target", "tests.fake_vllm:NotAManager"], "lacks the manager interface"),
     (["check", "--target", "vllm=tests.fake_vllm:NotAManager"], "lacks vLLM's manager"),
     (["check", "--target", "builtins:len"], "could not be built"),
     (["check", "--target", "mutant:no_such_variant"], "unknown mutant"),
-    (["check", "--target", "impl.manager"], "is not MODULE:ATTR"),
+    (["check", "--target", "kvgate.impl.manager"], "is not MODULE:ATTR"),
     (["check", "--bogus"], "unrecognized arguments"),
     (["check", "--profile", "fast"], "invalid choice"),
     (["check", "--max-examples", "0"], "must be >= 1"),
@@ -215,7 +215,7 @@ def test_installed_vllm_target_runs_through_the_adapter(capsys):
 @pytest.mark.vllm
 def test_vllm_types_come_from_vllm_when_the_module_has_none():
     pytest.importorskip("vllm.v1.kv_offload.base")
-    target = resolve_vllm("vllm=impl.manager:OffloadingManager")
+    target = resolve_vllm("vllm=kvgate.impl.manager:OffloadingManager")
     assert target.foreign
     assert target.make(2, "lru", 2, 4).types.source == "vllm.v1.kv_offload.base"
 

@@ -26,7 +26,7 @@ def test_machine_passes_on_impl_and_every_label_fires(spec):
 
 def test_machine_passes_on_impl_as_a_foreign_target():
     """The adoption path (SPEC section 9): legality checks, then the model follows."""
-    result = run_machine(make_machine(resolve_target("foreign=impl.manager:OffloadingManager")),
+    result = run_machine(make_machine(resolve_target("foreign=kvgate.impl.manager:OffloadingManager")),
                          max_examples=200)
     assert result.passed, result.message + "\n" + "\n".join(result.program)
 
@@ -43,7 +43,7 @@ def test_machine_catches_variant(name):
 
 def test_foreign_target_that_counts_every_offer_is_told_its_admission_differs():
     """On the adoption path the admission is compared before the target's chunk choice."""
-    target = resolve_target("foreign=properties.mutants:EveryOfferCounts")
+    target = resolve_target("foreign=kvgate.properties.mutants:EveryOfferCounts")
     result = run_machine(make_machine(target), max_examples=300)
     assert not result.passed
     assert "admitted keys differ: target answered {'store': ['A']}, model answered " \
