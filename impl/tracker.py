@@ -4,9 +4,6 @@
 ``max_size`` keys. ``admit`` records one offer for one request and says which absent keys pass
 the threshold. The per-request records (``counted``, ``skipped``) belong to the caller: the
 manager keeps them in the request's context, per generation.
-
-``admission_step`` is the same step as a pure function of plain values, for CrossHair's
-``diffbehavior`` against the model.
 """
 from __future__ import annotations
 
@@ -76,20 +73,3 @@ class AdmissionTracker:
 
     def clear(self) -> None:
         self.counts.clear()
-
-
-def admission_step(tracker: tuple[tuple[bytes, int], ...], counted: frozenset[bytes],
-                   skipped: frozenset[bytes], offer: tuple[bytes, ...],
-                   resident: frozenset[bytes], threshold: int, max_tracker_size: int):
-    """Pure form of one offer's admission; same signature and results as the model's."""
-    if max_tracker_size < 1:
-        raise ValueError(f"max_tracker_size must be >= 1, got {max_tracker_size!r}")
-    offer_keys = list(dict.fromkeys(offer))
-    if threshold < 2:
-        admitted = tuple(k for k in offer_keys if k not in resident)
-        return tracker, counted, skipped, admitted, 0
-    t = AdmissionTracker(threshold, max_tracker_size)
-    t.counts.update(tracker)
-    c, s = set(counted), set(skipped)
-    admitted, new_skips = t.admit(offer_keys, c, s, resident.__contains__)
-    return tuple(t.counts.items()), frozenset(c), frozenset(s), tuple(admitted), new_skips

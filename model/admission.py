@@ -35,7 +35,8 @@ def admission_step(
     ``resident``: ready or pending keys (never candidates). The last five ``post:``: A6; A1
     (nothing filtered or tracked below 2); A2/A7 (an offered tracked key gains one iff this
     request has not counted it in this generation); amended A2 (an offered key the tracker did not
-    hold has count 1 after the offer, or is not tracked).
+    hold has count 1 after the offer, whether or not this request counted it before, unless the
+    tracker is full of the offer's own keys).
     Laws over several offers: ``properties/laws.py``.
 
     pre: threshold >= 0 and max_tracker_size >= 1 and (threshold >= 2 or not tracker)
@@ -49,7 +50,7 @@ def admission_step(
     post: threshold >= 2 or __return__[:3] + __return__[4:] == (tracker, counted, skipped, 0)
     post: threshold >= 2 or set(__return__[3]) == set(offer) - resident
     post: all(dict(__return__[0])[k] - n == (k not in counted) for k, n in tracker if k in offer)
-    post: all(dict(__return__[0]).get(k, 1) == 1 for k in offer if k not in dict(tracker))
+    post: threshold < 2 or all(dict(__return__[0]).get(k) == 1 or (len(__return__[0]) == max_tracker_size and all(o in offer for o, _ in __return__[0])) for k in offer if k not in dict(tracker))
     """
     offer = tuple(dict.fromkeys(offer))  # a repeated key is one offer of it
     candidates = [k for k in offer if k not in resident]

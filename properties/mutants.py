@@ -107,13 +107,13 @@ TrackerEvictsOfferKey.__doc__ = """A key entering a full tracker pushes out the 
 even when that key belongs to the current offer."""
 
 
-class _OldReentryTracker(AdmissionTracker):
+class OldReentryTracker(AdmissionTracker):
     def record(self, offer, counted):
         dropped = {k for k in offer if k in counted and k not in self.counts}
         super().record([k for k in offer if k not in dropped], counted)
 
 
-DroppedKeyNotRetracked = _with_tracker(_OldReentryTracker)
+DroppedKeyNotRetracked = _with_tracker(OldReentryTracker)
 DroppedKeyNotRetracked.__name__ = DroppedKeyNotRetracked.__qualname__ = "DroppedKeyNotRetracked"
 DroppedKeyNotRetracked.__doc__ = """The first spec's re-entry rule: a key this request counted
 before the tracker dropped it is not tracked again by the request's re-offer, where amended A2

@@ -209,6 +209,8 @@ class LockstepManager:
         return t
 
     def touch(self, keys: Iterable[bytes], ctx: Any = None) -> None:
+        if "touch" in getattr(self.target, "missing", ()):
+            return  # a target without touch: neither side gets the recency hint
         keys = list(keys)
         call = self._call("touch", keys, ctx)
         self._both(call, lambda: self.target.touch(keys, ctx), lambda: self.model.touch(keys))

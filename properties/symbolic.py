@@ -1,8 +1,10 @@
 """Symbolic checks of the admission rule: the steps ``crosshair diffbehavior`` compares, the
 known-bad step, a runner for CrossHair's commands, and PEP 316 contracts on concrete inputs.
 
+``tracker_step`` is impl's ``AdmissionTracker`` as a pure step with the model's signature.
 ``every_offer_counts_step`` is impl's tracker with the request's ``counted`` record ignored, so
-that every offer counts (``mutants.EveryOfferCounts`` at the admission level).
+that every offer counts (``mutants.EveryOfferCounts`` at the admission level);
+``old_reentry_small`` is the first spec's re-entry rule (``mutants.DroppedKeyNotRetracked``).
 
 ``diffbehavior`` honours no ``pre:`` and makes each argument concrete before the call, so on
 the steps' own signatures it spends its time on states no manager can be in (an unbounded
@@ -21,11 +23,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvgate.impl import tracker as impl_tracker
+from kvgate.impl.tracker import AdmissionTracker
 from kvgate.model import admission as model_admission
 
 Tracker = tuple[tuple[bytes, int], ...]
 Step = tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]
+
+
+def tracker_step(tracker: Tracker, counted: frozenset[bytes], skipped: frozenset[bytes],
+                 offer: tuple[bytes, ...], resident: frozenset[bytes], threshold: int,
+                 max_tracker_size: int, tracker_cls: type = AdmissionTracker) -> Step:
+    """impl's ``AdmissionTracker`` (or a variant's) as a pure step with the model's signature:
+    plain values in, plain values out, no argument mutated."""
+    offer_keys = list(dict.fromkeys(offer))
+    if threshold < 2:
+        admitted = tuple(k for k in offer_keys if k not in resident)
+        return tracker, counted, skipped, admitted, 0
+    t = tracker_cls(threshold, max_tracker_size)
+    t.counts.update(tracker)
+    c, s = set(counted), set(skipped)
+    admitted, new_skips = t.admit(offer_keys, c, s, resident.__contains__)
+    return tuple(t.counts.items()), frozenset(c), frozenset(s), tuple(admitted), new_skips
 
 
 def every_offer_counts_step(tracker: Tracker, counted: frozenset[bytes],
@@ -33,7 +51,7 @@ def every_offer_counts_step(tracker: Tracker, counted: frozenset[bytes],
                             resident: frozenset[bytes], threshold: int,
                             max_tracker_size: int) -> Step:
     """impl's step, told that the request has counted nothing yet; its record still grows."""
-    out = impl_tracker.admission_step(tracker, frozenset(), skipped, offer, resident, threshold,
+    out = tracker_step(tracker, frozenset(), skipped, offer, resident, threshold,
                                       max_tracker_size)
     return (out[0], counted | out[1], *out[2:])
 
@@ -82,7 +100,7 @@ def model_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozens
 def impl_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
                offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
                max_tracker_size: Small) -> Step:
-    return impl_tracker.admission_step(*small_state(
+    return tracker_step(*small_state(
         tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
 
 
@@ -92,6 +110,17 @@ def every_offer_counts_small(tracker: SmallTracker, counted: frozenset[Key],
                              max_tracker_size: Small) -> Step:
     return every_offer_counts_step(*small_state(
         tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+
+
+def old_reentry_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
+                      offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
+                      max_tracker_size: Small) -> Step:
+    """The first spec's re-entry rule (``mutants.DroppedKeyNotRetracked``'s tracker): a key the
+    request counted is not tracked again once dropped. The amended A2 ``post:`` refuses it."""
+    from kvgate.properties.mutants import OldReentryTracker
+    return tracker_step(*small_state(
+        tracker, counted, skipped, offer, resident, threshold, max_tracker_size),
+        tracker_cls=OldReentryTracker)
 
 
 # ---- CrossHair's commands, with their bounds (tests/test_crosshair.py runs them)
@@ -146,11 +175,17 @@ def contract(fn) -> tuple[list[str], list[str]]:
 def call_checked(fn, *args):
     """``fn(*args)`` with its contract evaluated: ``AssertionError`` if a ``pre:`` or a
     ``post:`` does not hold (the caller draws inputs that meet the ``pre:``)."""
+    return call_checked_on(fn, fn(*args), *args)
+
+
+def call_checked_on(fn, result, *args):
+    """``fn``'s contract evaluated on ``args`` and a given ``result`` (``fn``'s own, or another
+    step's answer to the same arguments, to show that the contract refuses it)."""
     pre, post = contract(fn)
     env = {**fn.__globals__, **inspect.signature(fn).bind(*args).arguments}
     for expr in pre:
         assert eval(expr, env), f"{fn.__name__}{args}: pre: {expr}"
-    env["__return__"] = result = fn(*args)
+    env["__return__"] = result
     for expr in post:
         assert eval(expr, env), f"{fn.__name__}{args} = {result}: post: {expr}"
     return result

@@ -7,9 +7,17 @@ its eviction and chunk-id choices are its own: checked for legality and adopted)
 installed vLLM's ``CPUOffloadingManager``) and ``vllm=MODULE:ATTR`` (a class following vLLM's
 interface). vLLM targets are foreign.
 
-Every adapter answers in plain values: lookups as ``"MISS" | "HIT" | "HIT_PENDING"``,
-``prepare_store`` as ``None`` or ``(keys_to_store, chunk_ids, evicted_keys)`` lists, events as
-``(keys, removed, metadata_only)`` tuples, stats as a metric-name dict.
+Adapters are the only place where a manager's answers are normalised. Every adapter answers in
+kvgate's own plain values (``impl/base.py``), which equal the reference model's: lookups as
+``LookupResult`` (a str enum: ``"MISS" | "HIT" | "HIT_PENDING"``), ``prepare_load`` as a list of
+chunk ids, ``prepare_store`` as ``None`` or ``PrepareStoreOutput(keys_to_store, chunk_ids,
+evicted_keys)`` of plain lists, events as ``OffloadingEvent(keys, removed, metadata_only)``
+tuples, stats as a metric-name dict.
+
+Capabilities: ``Target.missing`` (and the adapter's ``missing``) names the optional calls the
+manager lacks (``"touch"``); machines never draw a step that needs one, and the oracle does not
+call it on either side. ``Target.note`` is one line for the report (for vLLM: its version and
+what the adapter found missing).
 """
 from __future__ import annotations
 
@@ -120,6 +128,8 @@ class Target:
     policies: tuple[str, ...] = POLICIES
     foreign: bool = False  # eviction and chunk-id choices are checked for legality, then adopted
     adapter: type = NativeAdapter
+    missing: frozenset[str] = frozenset()  # optional calls the manager lacks ("touch")
+    note: str = ""  # one line for the report: what was found (a version, what is missing)
 
     def make(self, num_chunks: int, cache_policy: str, store_threshold: int,
              max_tracker_size: int):

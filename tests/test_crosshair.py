@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kvgate.model import admission
 from kvgate.properties import laws
 from kvgate.properties import symbolic
-from kvgate.properties.symbolic import Key, Small, call_checked, small_state
+from kvgate.properties.symbolic import Key, Small, call_checked, call_checked_on, small_state
 
 pytestmark = pytest.mark.crosshair
 
@@ -105,6 +105,21 @@ test_laws_hold = given(small_inputs)(laws_hold)
 test_requests_law_holds = given(*requests)(requests_law_holds)
 
 
+def contract_refuses(bad_step, parent=None, max_examples=500):
+    """A test that fails where the model's step contract refuses ``bad_step``'s answer."""
+    @settings(parent, database=None, max_examples=max_examples)
+    @given(small_inputs)
+    def holds(args):
+        call_checked_on(admission.admission_step, bad_step(*args), *small_state(*args))
+
+    return holds
+
+
+def test_the_amended_a2_contract_refuses_the_old_reentry_rule():
+    with pytest.raises(AssertionError, match="post:"):
+        contract_refuses(symbolic.old_reentry_small)()
+
+
 def test_hypothesis_finds_the_every_offer_counts_step():
     with pytest.raises(AssertionError):
         every_offer_counts_differs()()
@@ -123,6 +138,11 @@ test_impl_step_matches_model_crosshair = on_crosshair(given(small_inputs)(impl_m
 test_step_contract_holds_crosshair = on_crosshair(given(small_inputs)(step_contract_holds), 10)
 test_laws_hold_crosshair = on_crosshair(given(small_inputs)(laws_hold), 10)
 test_requests_law_holds_crosshair = on_crosshair(given(*requests)(requests_law_holds), 10)
+
+
+def test_crosshair_backend_finds_the_old_reentry_rule_against_the_contract():
+    with pytest.raises(AssertionError, match="post:"):
+        contract_refuses(symbolic.old_reentry_small, CROSSHAIR, max_examples=150)()
 
 
 def test_crosshair_backend_finds_the_every_offer_counts_step():
