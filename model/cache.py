@@ -22,8 +22,9 @@ Choices where the SPEC is silent:
 - ARC: every admitted key is marked shown, whether or not it was a ghost; adaptation runs in
   offer order. A key in both B1 and B2 cannot happen (insert removes from both).
 - ``reset_cache`` emits no event and keeps queued events and unreported stats (skips, allocation
-  samples): an event replay starts over from the empty set at a reset. Records of older
-  generations are simply never read again.
+  samples), as upstream does: an event replay starts over from the empty set at a reset, and
+  the events of an older generation drained after it describe a cache that is gone. Records of
+  older generations are simply never read again.
 - ``choice`` (section 9) is consulted only when the model's own answer is not ``None`` (whether an
   offer fits does not depend on the policy). An illegal choice raises ``ModelError`` after the
   offer was recorded (the run is a failure anyway). Adopted victims' chunks are freed in the
@@ -82,6 +83,13 @@ class Model:
     # ---- inspection
     def tracker_items(self) -> list:
         return list(self.tracker)
+
+    def policy_state(self) -> dict:
+        """The policy's order as plain lists, least recent first (and ARC's p)."""
+        if self.policy == "lru":
+            return {"lru": list(self.lru)}
+        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1),
+                "b2": list(self.b2), "p": self.p}
 
     def counted(self, req) -> set:
         rec = self.records.get((req, self.generation))
@@ -191,7 +199,7 @@ class Model:
         del self.b1[:max(0, len(self.b1) - self.num_chunks)]
         del self.b2[:max(0, len(self.b2) - self.num_chunks)]
         if victims:
-            self.events.append((tuple(victims), True, False))
+            self.events.append((tuple(victims), True, False, self.generation))
         for k, i in zip(admitted, ids):
             self.resident[k] = {"chunk": i, "ref": -1}
             if self.policy == "lru":
@@ -225,23 +233,26 @@ class Model:
                 self._drop(k, ghost=False)
             done.append(k)
         if done:
-            self.events.append((tuple(done), not success, not success))
+            self.events.append((tuple(done), not success, not success, self.generation))
 
     # ---- whole cache
     def reset_cache(self) -> None:
         self._empty()  # tracker counts survive (A7); new records start with the new generation
         self.generation += 1
 
-    def take_events(self) -> list:
+    def take_events(self, generations: bool = False) -> list:
         """Drains the events; a metadata-only removal loses the keys resident again by now,
-        and is dropped when none is left (amended section 5)."""
+        and is dropped when none is left (amended section 5). ``generations``: each event with
+        the generation it was made in, ``(event, generation)``: events queued before a reset
+        are drained after it, and describe a cache that is gone."""
         events, self.events = self.events, []
         out = []
-        for keys, removed, meta in events:
+        for keys, removed, meta, generation in events:
             if meta:
                 keys = tuple(k for k in keys if k not in self.resident)
             if keys:
-                out.append((keys, removed, meta))
+                out.append(((keys, removed, meta), generation) if generations
+                           else (keys, removed, meta))
         return out
 
     def get_stats(self) -> dict:

@@ -1,39 +1,86 @@
-"""The manager-vs-model state machine: any target and the model, in lockstep.
+"""The manager-vs-model state machine: any target and the model in lockstep, through the oracle.
 
-Each rule draws one step (an offer, a retry, a re-offer after preemption, a completion, a
-load, a reset, ...), applies it to the target and to the model, and compares every answer the
-model fixes. Invariants check the whole state after every step. Keys are named by letters
-(``'A'`` .. ``'F'``) so that a shrunk counterexample reads like the story it tells.
+Each rule draws one step (an offer, a retry, a re-offer after preemption, a finish, a
+completion, a load, a reset, a read of the stats or the events, ...) and hands it to the
+oracle (``properties.oracle.LockstepManager``), which applies it to the target and to the model
+and compares every answer the model fixes; the invariant is the oracle's incremental check of
+what the step changed. Keys are letters (``'A'`` .. ``'F'``) and requests are named as
+Hypothesis names them (``requests_1``), so a shrunk counterexample reads like the story it
+tells. For a foreign target (SPEC section 9) the oracle checks each eviction and chunk-id choice
+for legality and adopts it; everything the admission rule fixes is compared exactly.
 
-For a foreign target (SPEC section 9) the model checks that each eviction and chunk-id choice
-is legal and adopts it; everything the admission rule fixes is still compared exactly.
+What an example can contain, beyond offers, retries and re-offers:
+
+- **Contexts that come and go.** A finished request's context is dropped as soon as no store of
+  it is in flight, and freed when the next request starts, right before its context is made,
+  so the new context takes the dead one's memory and ``id`` (``properties/contexts.py`` makes
+  this the same in every replay): a manager that keys its records by ``id(ctx)`` meets a
+  stranger's records.
+- **Two manager instances** (when ``instances=2``): ``switch_manager`` moves every later step
+  to a new manager, and the live request contexts go with it, as a context outlives a manager
+  it was shown to (A7: records are tied to their manager). Never back: a context's scratch
+  store holds one record per type (SPEC section 1), so a manager that ties its record to
+  itself replaces the other manager's (impl and vLLM 0.34.0 both do), and offers that
+  alternate between two managers would count again by design of that store.
+- **Pressure.** 1 to 5 chunks, 6 keys, offers of 1 to 4 distinct keys, so one offer often needs
+  several victims; pinned and pending chunks; trackers of 1 to 6 keys.
+- **Reads at drawn points.** Stats and events are read by rules, not after every step, so
+  resets, offers and failed stores happen between two reads (unreported skips across a reset;
+  metadata-only removals that the drain filters).
+- **Swarm testing** (Groce et al., ISSTA 2012): each example switches off a drawn subset of the
+  optional rules, shrinking towards all enabled; rules are drawn with weights that favour
+  offers (``properties/rule_choice.py``: one draw per step among the valid rules).
+- **Targeted search**: at the end of each example ``hypothesis.target`` is told the most
+  victims one offer needed, the most chunks pinned at once and the tracker push-outs, so the
+  search spends its budget where pressure is.
+
+Draws are cheap: an offer is one integer into a table of every offer (``OFFERS``), printed as
+the keys it names.
 """
 from __future__ import annotations
 
-import math
-from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import permutations
 
-from hypothesis import event, strategies as st
+from hypothesis import strategies as st
+from hypothesis import target as hypothesis_target
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
     Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule)
 
 from kvgate.impl.base import make_key
-from kvgate.model.cache import AdmissionDiffers, Model, ModelError
+from kvgate.model.cache import Model
 
+from .contexts import Contexts
+from .coverage import Recorded
+from .oracle import EXACT_ONLY, LockstepManager
+from .rule_choice import install as install_rule_choice
 from .targets import Target
 
-KEY_NAMES = "ABCD"
+__all__ = ["EXACT_ONLY", "KEYS", "LABELS", "ManagerMachine", "OFFERS", "make_machine",
+           "machine_name"]
+
+KEY_NAMES = "ABCDEF"
 KEYS = {name: make_key(name.encode()) for name in KEY_NAMES}
-REQ_IDS = ("r0", "r1", "r2")
-LABELS = ("retry after None", "re-offer after preemption", "offer across a reset",
-          "tracker full", "eviction", "failed store")
-# Properties that need what an adapter of a foreign manager cannot see or fix.
-EXACT_ONLY = ("chunk ids equal the model's", "evicted keys equal the model's",
-              "policy order equals the model's",
-              "pool accounting", "bad input leaves state unchanged",
-              "repeated keys in one offer")
+REQ_IDS = ("r0", "r1", "r2")  # requests alive at any time, one per id
+
+
+def _offers() -> tuple[tuple[str, ...], ...]:
+    """Every offer of 1 to 4 distinct keys, shortest and earliest letters first (so shrinking
+    goes there), then offers that repeat a key (only native targets receive those)."""
+    distinct = [p for n in range(1, 5) for p in permutations(KEY_NAMES, n)]
+    repeated = [p + (p[0],) for p in distinct if len(p) <= 3]
+    return tuple(distinct + repeated)
+
+
+OFFERS = _offers()
+N_DISTINCT = sum(1 for o in OFFERS if len(set(o)) == len(o))
+offer_keys = st.integers(0, len(OFFERS) - 1).map(lambda i: list(OFFERS[i]))
+distinct_keys = st.integers(0, N_DISTINCT - 1).map(lambda i: list(OFFERS[i]))
+some_keys = st.integers(0, 6 + 30 + 120 - 1).map(lambda i: list(OFFERS[i]))  # 1 to 3 keys
+BAD_CALLS = tuple((kind, list(good), bad) for kind in ("prepare_load", "complete_load", "key type")
+                  for bad in KEY_NAMES for good in OFFERS[:6 + 30] if bad not in good)
+bad_calls = st.integers(0, len(BAD_CALLS) - 1).map(lambda i: BAD_CALLS[i])
 
 
 def name_of(key: bytes) -> str:
@@ -43,47 +90,80 @@ def name_of(key: bytes) -> str:
         return repr(key)
 
 
-def names(keys) -> list[str]:
-    return [name_of(k) for k in keys]
+def _offer_facts(e: dict) -> bool:
+    return e["rule"] in ("offer", "retry", "preempt_and_resume")
 
 
-class Divergence(AssertionError):
-    """The target answered differently from the model (or broke an invariant)."""
+LABELS = {
+    "retry after None": lambda e: e["rule"] == "retry" and e.get("after_none", False),
+    "re-offer after preemption": lambda e: e["rule"] == "preempt_and_resume",
+    "offer across a reset": lambda e: e.get("across_reset", False),
+    "tracker full": lambda e: e.get("tracker_full", False),
+    "tracker push-out": lambda e: e.get("pushed_out", False),
+    "eviction": lambda e: e.get("victims", 0) >= 1,
+    "multi-victim eviction": lambda e: e.get("victims", 0) >= 2,
+    "offer refused (None)": lambda e: _offer_facts(e) and e.get("none", False),
+    "failed store": lambda e: e["rule"] == "complete_store" and not e["success"],
+    "stale completion dropped": lambda e: e.get("stale", False),
+    "load": lambda e: e["rule"] == "load",
+    "touch": lambda e: e["rule"] == "touch",
+    "repeated key in one offer": lambda e: e.get("repeated", False),
+    "context dropped": lambda e: e.get("dropped", False),
+    "context identity reused": lambda e: e.get("id_reused", False),
+    "offer to a second manager with a shared context": lambda e: e.get("shared", False),
+    "stats read across a reset with unreported stats": lambda e: e.get("unreported", False),
+    "metadata-only removal filtered at drain": lambda e: e.get("filtered", False),
+    "skip of a key the request had admitted": lambda e: e.get("skip_after_admit", False),
+    "pinned T2 key while T1 has no idle victim": lambda e: e.get("t2_pinned", False),
+    "bad input refused": lambda e: e["rule"] == "bad_input" and e.get("refused", False),
+    "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"]),
+}
+NATIVE_ONLY = ("repeated key in one offer", "bad input refused")
 
 
 @dataclass(eq=False)
 class Req:
-    """A request handle: its context on the target, its handle in the model."""
+    """A request handle: its context (``None`` once dropped) and what it did."""
 
     n: int
     req_id: str
     ctx: object
-    generation: int
     offered: list = field(default_factory=list)  # keys in first-offer order
     last_offer: list | None = None
     last_failed: bool = False
+    since: dict = field(default_factory=dict)  # instance -> generation of its first offer
+    admitted: dict = field(default_factory=dict)  # (instance, generation) -> keys admitted
+    in_flight: int = 0  # stores in flight
+    finished: bool = False
 
     def __repr__(self) -> str:
-        return f"<request {self.req_id}#{self.n}>"
+        return f"requests_{self.n}"  # Hypothesis's name for it in a printed program
 
 
 @dataclass(eq=False)
 class Job:
-    """An in-flight store or load, stale after a reset."""
+    """An in-flight store or load on one manager instance, stale after its reset."""
 
     keys: list
     req: Req | None
+    inst: int
     generation: int
     done: bool = False
 
     def __repr__(self) -> str:
-        return f"<job {names(self.keys)}>"
+        return f"<job {[name_of(k) for k in self.keys]}>"
 
 
-class ManagerMachine(RuleBasedStateMachine):
+class ManagerMachine(Recorded, RuleBasedStateMachine):
     TARGET: Target  # set by make_machine
-    labels_seen: Counter = Counter()  # coverage labels over every run of this class
-    last_history: list = []
+    LABELS = LABELS
+    # How the next rule is picked (properties/rule_choice.py): offers weigh most, and the
+    # first rules are where shrinking goes.
+    RULE_WEIGHTS = {"offer": 4, "retry": 2, "preempt_and_resume": 2, "complete_store": 2,
+                    "fail_store": 1, "flush_stores": 1, "read_stats": 1, "take_events": 1, "finish": 1,
+                    "reset": 1, "load": 1, "complete_load": 1, "touch": 1,
+                    "switch_manager": 1, "bad_input": 1}
+    SWARM_ALWAYS = ("offer",)
 
     requests = Bundle("requests")
     stores = Bundle("stores")
@@ -92,151 +172,209 @@ class ManagerMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.history: list[dict] = []
-        self.target = None
+        self.oracles: list[LockstepManager] = []
+        install_rule_choice(self)
+
+    @classmethod
+    def expected_labels(cls) -> tuple[str, ...]:
+        target = cls.TARGET
+        skip = set(NATIVE_ONLY) if target.foreign else set()
+        if "touch" in target.missing:
+            skip.add("touch")
+        if "arc" not in cls.POLICIES:
+            skip.add("pinned T2 key while T1 has no idle victim")
+        return tuple(label for label in LABELS if label not in skip)
 
     # --- set-up ---
 
-    def _configure(self, num_chunks, store_threshold, max_tracker_size, policy):
+    def _configure(self, num_chunks, store_threshold, max_tracker_size, policy, instances):
         self.config = dict(num_chunks=num_chunks, cache_policy=policy,
                            store_threshold=store_threshold, max_tracker_size=max_tracker_size)
-        self.target = self.TARGET.make(num_chunks, policy, store_threshold, max_tracker_size)
-        self.model = Model(num_chunks, policy, store_threshold, max_tracker_size)
         self.foreign = self.TARGET.foreign
-        self.generation = 0
-        self.n_requests = self.alive = 0
+        self.can_touch = "touch" not in self.TARGET.missing
+        self.threshold = store_threshold
+        for _ in range(instances):
+            target = self.TARGET.make(num_chunks, policy, store_threshold, max_tracker_size)
+            model = Model(num_chunks, policy, store_threshold, max_tracker_size)
+            self.oracles.append(LockstepManager(target, model, foreign=self.foreign,
+                                                log=self.history, key_name=name_of))
+        self.active = 0
+        self.generations = [0] * instances
+        self.steps = self.n_requests = 0
+        self.live: list[Req] = []
         self.in_flight: list[Job] = []
-        self.offered_by: dict[bytes, set] = defaultdict(set)  # key -> {(req, generation)}
-        self.replayed: set[bytes] = set()  # ready keys, from the target's events
-        self.loader = self.target.new_context("loader")
-        self._log("configure", self.config, None, None)
+        self.loader = self.oracles[0].new_context("loader")
+        self.dead_ids: set[int] = set()  # ids of dropped contexts
+        self._dropped: list = []  # dropped contexts, freed when the next request starts
+        self.contexts = Contexts(self.oracles[0].new_context)
+        self.unreported_reset = [False] * instances
+        self.max_victims = self.max_pinned = self.pushouts = 0
+        self.record("configure", **self.config, instances=instances)
 
-    def _log(self, call, args, target, model):
-        self.history.append({"step": len(self.history), "call": call, "args": args,
-                             "target": target, "model": model})
+    @property
+    def oracle(self) -> LockstepManager:
+        return self.oracles[self.active]
 
-    def _label(self, label):
-        if currently_in_test_context():  # a printed program may run outside Hypothesis
-            event(label)
-        type(self).labels_seen[label] += 1
+    @property
+    def model(self) -> Model:
+        return self.oracles[self.active].model
 
-    def _expect(self, what, target, model):
-        if target != model:
-            raise Divergence(f"{what}: target answered {target!r}, model answered {model!r}")
+    def _begin(self):
+        self.steps += 1
+        for oracle in self.oracles:
+            oracle.set_step(self.steps)
 
     def teardown(self):
-        type(self).last_history = self.history
+        if self.oracles:
+            self.count_labels()
+            if currently_in_test_context():
+                hypothesis_target(float(self.max_victims), label="victims per offer")
+                hypothesis_target(float(self.max_pinned), label="pinned chunks")
+                hypothesis_target(float(self.pushouts), label="tracker push-outs")
 
     # --- requests and offers ---
 
-    @precondition(lambda self: self.alive < 3)
-    @rule(target=requests, req_id=st.sampled_from(REQ_IDS))
-    def start_request(self, req_id):
+    def _new_request(self, req_id: str, replacing: Req | None = None) -> tuple[Req, bool]:
+        """A new request; ``replacing``: a finished one whose context is dropped (if no store
+        of it is in flight) right before the new context is made, so that the new context
+        takes its memory, the same way in every replay of the example."""
+        if replacing is not None:
+            self._drop_if_done(replacing)
+        ctx = self.contexts.new(req_id, release=self._dropped)  # the dead ones go right before
+        reused = id(ctx) in self.dead_ids
+        req = Req(self.n_requests, req_id, ctx)
         self.n_requests += 1
-        self.alive += 1
-        req = Req(self.n_requests, req_id, self.target.new_context(req_id), self.generation)
-        self.target.on_new_request(req.ctx)
-        self._log("start_request", {"req": repr(req)}, None, None)
-        return req
+        self.live.append(req)
+        for oracle in self.oracles:
+            oracle.name(ctx, repr(req))
+            oracle.on_new_request(ctx)
+        return req, reused
 
-    @rule(target=stores, req=requests,
-          key_names=st.lists(st.sampled_from(KEY_NAMES), min_size=1, max_size=4))
+    @rule(target=stores, req=requests, key_names=offer_keys)
     def offer(self, req, key_names):
+        self._begin()
         keys = [KEYS[n] for n in key_names]
+        repeated = len(set(keys)) < len(keys)
         if self.foreign:  # upstream managers do not deduplicate; the scheduler never repeats
             keys = list(dict.fromkeys(keys))
-        elif len(set(keys)) < len(keys):
-            self._label("repeated key in one offer")
-        return self._offer(req, keys)
+        return self._offer("offer", req, keys, repeated=repeated and not self.foreign)
 
     @rule(target=stores, req=requests)
     def retry(self, req):
         """The scheduler's next step offers the same keys again through the same context."""
+        self._begin()
         if req.last_offer is None:
             return multiple()
-        if req.last_failed:
-            self._label("retry after None")
-        return self._offer(req, req.last_offer)
+        return self._offer("retry", req, req.last_offer, after_none=req.last_failed)
 
     @rule(target=stores, req=requests)
     def preempt_and_resume(self, req):
         """A resumed request re-offers its keys from the first chunk, same context."""
+        self._begin()
         if not req.offered:
             return multiple()
-        self._label("re-offer after preemption")
-        return self._offer(req, list(req.offered))
+        return self._offer("preempt_and_resume", req, list(req.offered))
 
-    def _offer(self, req, keys):
-        if req.offered and req.generation < self.generation:
-            self._label("offer across a reset")
-            req.generation = self.generation
-        got = self.target.prepare_store(keys, req.ctx)
-        what = f"prepare_store({names(keys)}, {req!r})"
-        if got is None or not self.foreign:
-            want = self.model.prepare_store(keys, req.n)
-        else:
-            try:
-                want = self.model.prepare_store(keys, req.n, choice=(got[2], got[1]),
-                                                stored=got[0])
-            except AdmissionDiffers as exc:  # the admission differs, not the choice
-                want = {"store": names(exc.admitted)}
-                self._log("prepare_store", {"req": repr(req), "keys": names(keys)},
-                          self._show(got, exact=False), want)
-                raise Divergence(f"{what}: admitted keys differ: target answered "
-                                 f"{self._show(got, exact=False)}, model answered {want}") from None
-            except ModelError as exc:
-                self._log("prepare_store", {"req": repr(req), "keys": names(keys)},
-                          self._show(got), str(exc))
-                raise Divergence(f"{what}: target answered {self._show(got)}, "
-                                 f"which the model rejects: {exc}") from None
-        self._log("prepare_store", {"req": repr(req), "keys": names(keys)},
-                  self._show(got), self._show(want))
-        self._expect(what, self._show(got, exact=not self.foreign),
-                     self._show(want, exact=not self.foreign))
+    def _offer(self, rule_name, req, keys, **facts):
+        inst, oracle, model = self.active, self.oracle, self.model
+        gen = self.generations[inst]
+        first = req.since.setdefault(inst, gen)
+        facts["across_reset"] = first < gen
+        facts["shared"] = len(req.since) > 1
+        if facts["across_reset"]:
+            req.since[inst] = gen
+        handle = oracle.handle(req.ctx)
+        rec = model.records.get((handle, model.generation))
+        skipped_before = rec["skipped"] if rec else frozenset()
+        tracked_before = {k for k, _ in model.tracker}
+        if model.policy == "arc":
+            facts["t2_pinned"] = self._t2_pinned_t1_busy(model, keys)
+        got = oracle.prepare_store(keys, req.ctx)
         for key in dict.fromkeys(keys):
-            self.offered_by[key].add((req.n, self.generation))
             if key not in req.offered:
                 req.offered.append(key)
         req.last_offer, req.last_failed = keys, got is None
-        if got is not None and got[2]:
-            self._label("eviction")
-        tracked = self.model.tracker_items()
-        if self.model.threshold >= 2 and len(tracked) >= self.model.max_tracker_size:
-            self._label("tracker full")
+        rec = model.records[(handle, model.generation)]
+        admitted = req.admitted.setdefault((inst, gen), set())
+        newly_skipped = rec["skipped"] - skipped_before
+        pushed = tracked_before - {k for k, _ in model.tracker}
+        victims = 0 if got is None else len(got[2])
+        self.max_victims = max(self.max_victims, victims)
+        self.pushouts += len(pushed)
+        self.record(rule_name, req=repr(req), keys=[name_of(k) for k in keys], none=got is None,
+                    victims=victims, pushed_out=bool(pushed),
+                    tracker_full=model.threshold >= 2
+                    and len(model.tracker) >= model.max_tracker_size,
+                    skip_after_admit=bool(newly_skipped & admitted), **facts)
         if got is None or not got[0]:
             return multiple()
-        job = Job(list(got[0]), req, self.generation)
+        admitted.update(got[0])
+        req.in_flight += 1
+        job = Job(list(got[0]), req, inst, gen)
         self.in_flight.append(job)
         return job
 
     @staticmethod
-    def _show(answer, exact=True):
-        if answer is None:
-            return None
-        stored, ids, evicted = answer
-        if not exact:
-            return {"store": names(stored)}
-        return {"store": names(stored), "chunks": list(ids), "evicted": names(evicted)}
+    def _t2_pinned_t1_busy(model, keys) -> bool:
+        """ARC: T2 holds a pinned key while T1 has no idle key this offer could evict."""
+        r = model.resident
+        return any(r[k]["ref"] > 0 for k in model.t2) and not any(
+            r[k]["ref"] == 0 and k not in keys for k in model.t1)
 
-    @precondition(lambda self: self.alive > 1)
-    @rule(req=consumes(requests))
+    @rule(target=requests, req=consumes(requests))
     def finish(self, req):
-        self.alive -= 1
-        self.target.on_request_finished(req.ctx)
-        self._log("finish", {"req": repr(req)}, None, None)
+        """The request ends and the next one starts at once, with the same ``req_id`` (a new
+        context is a new request, A3); its context is made right after the finished one's is
+        dropped (when no store of it is in flight), so it often takes the same memory."""
+        self._begin()
+        req.finished = True
+        self.live.remove(req)
+        for oracle in self.oracles:
+            oracle.on_request_finished(req.ctx)
+        nxt, reused = self._new_request(req.req_id, replacing=req)
+        dropped = req.ctx is None
+        self.record("finish", req=repr(req), next=repr(nxt), dropped=dropped, id_reused=reused)
+        return nxt
 
-    # --- store completions, loads, touches ---
-
-    def _stale(self, job):
-        if job.done:
-            return True
-        if job.generation != self.generation:
-            self._label("stale completion dropped")
+    def _drop_if_done(self, req: Req) -> bool:
+        """Drop a finished request's context once no store of it is in flight. It is freed
+        when the next request starts, right before its context is made (reference counting
+        frees it there, the same way in every replay)."""
+        if req.finished and req.in_flight == 0 and req.ctx is not None:
+            self.dead_ids.add(id(req.ctx))
+            self._dropped.append(req.ctx)
+            req.ctx = None
             return True
         return False
 
-    @rule(job=consumes(stores), success=st.sampled_from([True, True, False]))
-    def complete_store(self, job, success):
+    @precondition(lambda self: self.active + 1 < len(self.oracles))
+    @rule()
+    def switch_manager(self):
+        """Every later step goes to a new manager instance; the live contexts go with it."""
+        self._begin()
+        self.active += 1
+        self.record("switch_manager", active=self.active)
+
+    # --- store completions, loads, touches ---
+
+    def _stale(self, job) -> bool:
+        return job.done or job.generation != self.generations[job.inst]
+
+    @rule(job=consumes(stores))
+    def complete_store(self, job):
+        self._store_done(job, True)
+
+    @rule(job=consumes(stores))
+    def fail_store(self, job):
+        """The store's copy failed: ``complete_store(success=False)``."""
+        self._store_done(job, False)
+
+    def _store_done(self, job, success):
+        self._begin()
+        if job.done:
+            return
         if self._stale(job):
+            self.record("complete_store", success=success, stale=True)
             return
         self._complete(job, success)
 
@@ -244,183 +382,118 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule()
     def flush_stores(self):
         """Every store in flight completes, as when the scheduler waits for its jobs."""
+        self._begin()
         for job in list(self.in_flight):
             self._complete(job, True)
 
     def _complete(self, job, success):
-        if not success:
-            self._label("failed store")
         job.done = True
         self.in_flight.remove(job)
-        self.target.complete_store(job.keys, job.req.ctx, success=success)
-        self.model.complete_store(job.keys, success)
-        self._log("complete_store", {"keys": names(job.keys), "success": success}, None, None)
+        self.oracles[job.inst].complete_store(job.keys, job.req.ctx, success=success)
+        job.req.in_flight -= 1
+        dropped = self._drop_if_done(job.req)
+        self.record("complete_store", success=success, dropped=dropped)
 
-    def _any(self, *states):
-        return any(self.model.lookup(k) in states for k in KEYS.values())
+    def _ready(self) -> bool:
+        return any(r["ref"] >= 0 for r in self.model.resident.values())
 
-    @precondition(lambda self: self._any("HIT"))
-    @rule(target=loads, key_names=st.lists(st.sampled_from(KEY_NAMES), min_size=1, max_size=3))
+    @precondition(lambda self: self._ready())
+    @rule(target=loads, key_names=some_keys)
     def load(self, key_names):
-        keys = [KEYS[n] for n in dict.fromkeys(key_names) if self.model.lookup(KEYS[n]) == "HIT"]
+        self._begin()
+        keys = [KEYS[n] for n in key_names if self.model.lookup(KEYS[n]) == "HIT"]
         if not keys:
             return multiple()
-        got, want = self.target.prepare_load(keys, self.loader), self.model.prepare_load(keys)
-        self._log("prepare_load", {"keys": names(keys)}, got, want)
-        self._expect(f"prepare_load({names(keys)}) chunk ids", got, want)
-        return Job(keys, None, self.generation)
+        self.oracle.prepare_load(keys, self.loader)
+        pinned = sum(1 for r in self.model.resident.values() if r["ref"] > 0)
+        self.max_pinned = max(self.max_pinned, pinned)
+        self.record("load", keys=[name_of(k) for k in keys])
+        return Job(keys, None, self.active, self.generations[self.active])
 
     @rule(job=consumes(loads))
     def complete_load(self, job):
+        self._begin()
         if self._stale(job):
+            self.record("complete_load", stale=not job.done)
             return
-        self.target.complete_load(job.keys, self.loader)
-        self.model.complete_load(job.keys)
-        self._log("complete_load", {"keys": names(job.keys)}, None, None)
+        job.done = True
+        self.oracles[job.inst].complete_load(job.keys, self.loader)
+        self.record("complete_load")
 
-    @precondition(lambda self: self._any("HIT", "HIT_PENDING"))
-    @rule(key_names=st.lists(st.sampled_from(KEY_NAMES), min_size=1, max_size=4, unique=True))
+    @precondition(lambda self: self.can_touch and self.model.resident)
+    @rule(key_names=distinct_keys)
     def touch(self, key_names):
-        keys = [KEYS[n] for n in key_names]
-        self.target.touch(keys, self.loader)
-        self.model.touch(keys)
-        self._log("touch", {"keys": key_names}, None, None)
+        self._begin()
+        self.oracle.touch([KEYS[n] for n in key_names], self.loader)
+        self.record("touch", keys=key_names)
 
-    @precondition(lambda self: self._any("HIT", "HIT_PENDING"))
+    @precondition(lambda self: self.model.resident)
     @rule()
     def reset(self):
-        self.target.reset_cache()
-        self.model.reset_cache()
-        self.generation += 1
-        self.in_flight.clear()
-        self.replayed.clear()
-        self._log("reset_cache", {}, None, None)
+        self._begin()
+        inst, model = self.active, self.model
+        if model.skips or model.samples:
+            self.unreported_reset[inst] = True
+        self.oracle.reset_cache()
+        self.generations[inst] += 1
+        for job in [j for j in self.in_flight if j.inst == inst]:  # stale from now on
+            self.in_flight.remove(job)
+            job.req.in_flight -= 1
+            self._drop_if_done(job.req)
+        self.record("reset_cache")
 
-    def _stats_agree(self):
-        got, want = self.target.get_stats(), self.model.get_stats()
-        if want.get("vllm:kv_offload_stores_skipped") or want.get(
-                "vllm:kv_offload_cpu_allocation_size"):
-            self._log("get_stats", {}, got, want)
-        self._compare_stats(got, want)
+    @rule()
+    def read_stats(self):
+        """``get_stats()`` at a drawn point: what happened since the last read."""
+        self._begin()
+        self.oracle.get_stats()
+        self.record("read_stats", unreported=self.unreported_reset[self.active])
+        self.unreported_reset[self.active] = False
 
-    def _compare_stats(self, got, want):
-        for name, value in want.items():
-            if got.get(name) is None and self.foreign:
-                continue  # an adapter that cannot see this metric
-            other = got.get(name)
-            if isinstance(value, float):
-                ok = isinstance(other, (int, float)) and math.isclose(other, value, abs_tol=1e-9)
-            else:
-                ok = other == value
-            if not ok:
-                raise Divergence(f"get_stats()[{name!r}]: target answered {other!r}, "
-                                 f"model answered {value!r}")
-        if "vllm:kv_offload_stores_skipped" in got and "vllm:kv_offload_stores_skipped" \
-                not in want and got["vllm:kv_offload_stores_skipped"]:
-            raise Divergence("get_stats(): target reports skips with store_threshold < 2")
+    @rule()
+    def take_events(self):
+        """Drain the events at a drawn point; they must replay to the ready keys."""
+        self._begin()
+        model = self.model
+        filtered = any(meta and any(k in model.resident for k in keys)
+                       for keys, _, meta, _ in model.events)
+        self.oracle.take_events()
+        self.record("take_events", filtered=filtered)
 
     # --- bad input: a clear error and no change ---
 
-    def _snapshot(self):
-        return ([self.target.lookup(k, self.loader) for k in KEYS.values()],
-                self.target.tracker_items())
-
-    def _expect_refusal(self, call, fn, key):
-        before = self._snapshot()
-        try:
-            fn()
-        except Exception as exc:  # any clear error naming the key
-            if repr(key) not in str(exc) and name_of(key) not in str(exc):
-                raise Divergence(f"{call}: the error does not name the key: {exc}") from None
-        else:
-            raise Divergence(f"{call}: target accepted it, model refuses it")
-        self._expect(f"state after refused {call}", self._snapshot(), before)
-        self._log(call, {}, "refused", "refused")
-        self._compare_stats(self.target.get_stats(), self.model.get_stats())
-
-    @precondition(lambda self: self._any("HIT", "HIT_PENDING"))
-    @rule(req=requests, kind=st.sampled_from(["prepare_load", "complete_load", "key type"]),
-          good=st.lists(st.sampled_from(KEY_NAMES), max_size=2), bad=st.sampled_from(KEY_NAMES))
-    def bad_input(self, req, kind, good, bad):
-        """A protocol error: the target must refuse it, name the key, and change nothing."""
-        if self.foreign:
-            return
-        key = KEYS[bad]
-        if kind == "prepare_load" and self.model.lookup(key) != "HIT":
-            keys = [KEYS[n] for n in good if self.model.lookup(KEYS[n]) == "HIT"] + [key]
-            self._expect_refusal(f"prepare_load({names(keys)})",
-                                 lambda: self.target.prepare_load(keys, self.loader), key)
-        elif kind == "complete_load" and self.model.resident.get(key, {"ref": 0})["ref"] <= 0:
-            self._expect_refusal(f"complete_load([{bad!r}])",
-                                 lambda: self.target.complete_load([key], self.loader), key)
+    @precondition(lambda self: not self.foreign and self.model.resident)
+    @rule(call=bad_calls)
+    def bad_input(self, call):
+        """A protocol error: the target must refuse it, name the key, and change nothing.
+        ``call``: (kind, good keys, the bad key)."""
+        self._begin()
+        kind, good, bad = call
+        oracle, model, key = self.oracle, self.model, KEYS[bad]
+        req = self.live[0]
+        target = oracle.target
+        refused = True
+        if kind == "prepare_load" and model.lookup(key) != "HIT":
+            keys = [KEYS[n] for n in good if model.lookup(KEYS[n]) == "HIT"] + [key]
+            oracle.refuse("prepare_load", (keys,),
+                          lambda: target.prepare_load(keys, self.loader), key)
+        elif kind == "complete_load" and model.resident.get(key, {"ref": 0})["ref"] <= 0:
+            oracle.refuse("complete_load", ([key],),
+                          lambda: target.complete_load([key], self.loader), key)
         elif kind == "key type":
             keys = [KEYS[n] for n in good] + ["not-bytes"]
-            self._expect_refusal(f"prepare_store({names(keys[:-1]) + ['not-bytes']})",
-                                 lambda: self.target.prepare_store(keys, req.ctx), "not-bytes")
+            oracle.refuse("prepare_store", (keys, req.ctx),
+                          lambda: target.prepare_store(keys, req.ctx), "not-bytes")
+        else:
+            refused = False
+        self.record("bad_input", kind=kind, refused=refused)
 
-    # --- invariants ---
+    # --- the invariant: the oracle's check of what the step changed ---
 
     @invariant()
     def agrees_with_model(self):
-        """After every step: events, stats, tracker, residency and policy order agree."""
-        if self.target is None:
-            return
-        self._events_replay_to_ready_keys()
-        self._stats_agree()
-        self._tracker_agrees_and_is_bounded()
-        self._residency_agrees()
-
-    def _events_replay_to_ready_keys(self):
-        got, want = self.target.take_events(), self.model.take_events()
-        if got or want:
-            self._log("take_events", {}, [(names(k), r, m) for k, r, m in got],
-                      [(names(k), r, m) for k, r, m in want])
-        self._expect("take_events()", [(names(k), r, m) for k, r, m in got],
-                     [(names(k), r, m) for k, r, m in want])
-        for keys, removed, _ in got:
-            if removed:
-                self.replayed.difference_update(keys)
-            else:
-                self.replayed.update(keys)
-        ready = {k for k, r in self.model.resident.items() if r["ref"] >= 0}
-        self._expect("ready keys replayed from events", sorted(names(self.replayed)),
-                     sorted(names(ready)))
-
-    def _tracker_agrees_and_is_bounded(self):
-        got = self.target.tracker_items()
-        want = self.model.tracker_items()
-        if got is not None or want:
-            self._expect("tracker (key, count), least recent first",
-                         [(name_of(k), c) for k, c in (got or [])],
-                         [(name_of(k), c) for k, c in want])
-        got = got or []
-        if len(got) > self.model.max_tracker_size:
-            raise Divergence(f"tracker holds {len(got)} keys, more than max_tracker_size "
-                             f"{self.model.max_tracker_size}")
-        for key, count in got:  # independent of the model: the offers this run made
-            if count > len(self.offered_by[key]):
-                raise Divergence(f"tracker count of {name_of(key)!r} is {count}, but only "
-                                 f"{len(self.offered_by[key])} request(s) offered it")
-
-    def _residency_agrees(self):
-        for name, key in KEYS.items():
-            self._expect(f"lookup({name!r})", self.target.lookup(key, self.loader),
-                         self.model.lookup(key))
-        if self.foreign:
-            return
-        free = self.target.free_chunks()
-        if free is not None:
-            used = len(self.model.resident)
-            self._expect("free chunks + resident chunks", free + used, self.model.num_chunks)
-        for key, r in self.model.resident.items():
-            self._expect(f"chunk of {name_of(key)!r}", self.target.chunk_of(key), r["chunk"])
-        order = self.target.policy_state()
-        if order is not None:
-            m = self.model
-            want = {"lru": m.lru} if m.policy == "lru" else {
-                "t1": m.t1, "t2": m.t2, "b1": m.b1, "b2": m.b2, "p": m.p}
-            show = lambda st: {k: v if k == "p" else names(v) for k, v in st.items()}  # noqa
-            self._expect("policy order (least recent first)", show(order), show(want))
+        for oracle in self.oracles:
+            oracle.check_state()
 
 
 def machine_name(kind: str, spec: str) -> str:
@@ -434,17 +507,17 @@ def make_machine(target: Target, policies: tuple[str, ...] | None = None):
 
     class Machine(ManagerMachine):
         TARGET = target
-        labels_seen = Counter()
+        POLICIES = policies
 
-        @initialize(target=ManagerMachine.requests, num_chunks=st.integers(1, 4),
+        @initialize(target=ManagerMachine.requests, num_chunks=st.integers(1, 5),
                     store_threshold=st.sampled_from([2, 1, 2, 1, 3, 0, 4]),
                     max_tracker_size=st.integers(1, 6),
-                    policy=st.sampled_from(policies))
-        def configure(self, num_chunks, store_threshold, max_tracker_size, policy):
-            """Build target and model; two requests run from the start, so offers can
-            begin at step one."""
-            self._configure(num_chunks, store_threshold, max_tracker_size, policy)
-            return multiple(self.start_request("r0"), self.start_request("r1"))
+                    policy=st.sampled_from(policies), instances=st.integers(1, 2))
+        def configure(self, num_chunks, store_threshold, max_tracker_size, policy, instances):
+            """Build targets and models; three requests run from the start (each one that
+            finishes is followed by the next), so offers can begin at step one."""
+            self._configure(num_chunks, store_threshold, max_tracker_size, policy, instances)
+            return multiple(*(self._new_request(req_id)[0] for req_id in REQ_IDS))
 
     Machine.__name__ = Machine.__qualname__ = machine_name("ManagerMachine", target.spec)
     return Machine

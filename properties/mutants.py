@@ -58,29 +58,67 @@ class SkipMetricEveryOffer(OffloadingManager):
         return rec
 
 
-class ResetKeepsCounting(OffloadingManager):
-    """Per-request records ignore the generation: after a reset a request's offers of keys it
-    counted before do not count again, and their skips are not counted again."""
+class _ContextRecordCheck(OffloadingManager):
+    """Records in the context, kept while ``_still_valid`` says so (impl checks both the
+    manager and the generation)."""
+
+    def _still_valid(self, rec) -> bool:
+        raise NotImplementedError
 
     def _record(self, ctx):
         rec = ctx.get_state(RequestRecord)
-        if rec is None or rec.owner is not self._token:
+        if rec is None or not self._still_valid(rec):
             rec = RequestRecord(self._token, self.generation)
             ctx.set_state(rec)
         return rec
 
 
-class RecordsByReqId(OffloadingManager):
-    """Per-request records keyed by the ``req_id`` string instead of the context: a new request
-    that reuses an id inherits the old one's records and its offers do not count."""
+class ResetKeepsCounting(_ContextRecordCheck):
+    """Per-request records ignore the generation: after a reset a request's offers of keys it
+    counted before do not count again, and their skips are not counted again."""
+
+    def _still_valid(self, rec):
+        return rec.owner is self._token
+
+
+class RecordsNotTiedToManager(_ContextRecordCheck):
+    """Per-request records are checked for the generation only, not for their manager (A7): a
+    context shown to a new manager brings the old manager's records, so its offers of keys it
+    counted there do not count here."""
+
+    def _still_valid(self, rec):
+        return rec.generation == self.generation
+
+
+class _RecordsInManager(OffloadingManager):
+    """Records kept in the manager, under ``_key(ctx)``, instead of in the context."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._by_id: dict[tuple[str, int], RequestRecord] = {}
+        self._kept: dict[tuple, RequestRecord] = {}
 
     def _record(self, ctx):
-        return self._by_id.setdefault((ctx.req_id, self.generation),
-                                      RequestRecord(self._token, self.generation))
+        return self._kept.setdefault((self._key(ctx), self.generation),
+                                     RequestRecord(self._token, self.generation))
+
+
+class RecordsByReqId(_RecordsInManager):
+    """Per-request records keyed by the ``req_id`` string instead of the context: a new request
+    that reuses an id inherits the old one's records and its offers do not count."""
+
+    @staticmethod
+    def _key(ctx):
+        return ctx.req_id
+
+
+class RecordsByIdentity(_RecordsInManager):
+    """Per-request records keyed by the context's identity (``id(ctx)``): once a finished
+    request's context is freed, a new context at the same address inherits its records and
+    its offers do not count."""
+
+    @staticmethod
+    def _key(ctx):
+        return id(ctx)
 
 
 class _NoRefreshTracker(AdmissionTracker):
@@ -199,6 +237,16 @@ class RepeatedKeyStoredTwice(OffloadingManager):
         return list(keys)
 
 
+class ResetDropsUnreportedStats(OffloadingManager):
+    """``reset_cache()`` also drops the skips and allocation samples not yet read by
+    ``get_stats()``, although they happened before the reset and must still be reported."""
+
+    def reset_cache(self):
+        super().reset_cache()
+        self._skipped = 0
+        self._allocation_sizes = []
+
+
 # --- residency, eviction and chunks ---
 
 class EvictsPinned(OffloadingManager):
@@ -221,6 +269,45 @@ class PartialEvictionBeforeNone(OffloadingManager):
                     self._evict(partial)
                     break
         return victims
+
+
+class EvictionEventFirstVictimOnly(OffloadingManager):
+    """An offer that evicts several chunks announces only the first victim in its removal
+    event, so a consumer replaying the events keeps the others as ready."""
+
+    def _emit(self, keys, removed, metadata_only=False):
+        super()._emit(keys[:1] if removed and not metadata_only else keys, removed,
+                      metadata_only)
+
+
+class VictimChunksReleasedReversed(OffloadingManager):
+    """The chunks of an offer's victims go back to the pool in reverse eviction order, so
+    when several are reused at once the new keys get them swapped."""
+
+    def _evict(self, victims):
+        super()._evict(victims)
+        freed, n = self._pool._freed, len(victims)
+        freed[len(freed) - n:] = freed[len(freed) - n:][::-1]
+
+
+class _FallbackIgnoresPins(ARCPolicy):
+    def choose_victims(self, n, evictable):
+        busy_t1 = self.t1 and len(self.t1) >= self.p and not any(
+            evictable(k, e) for k, e in self.t1.items())
+        if not busy_t1:
+            return super().choose_victims(n, evictable)
+        return super().choose_victims(
+            n, lambda k, e: evictable(k, e) or (k in self.t2 and e.ref > 0))
+
+
+class ArcFallbackEvictsPinned(OffloadingManager):
+    """ARC: when T1 is the list to evict from but has no idle victim, the fall-back to T2
+    takes T2's least recent keys without skipping the pinned ones (a load is in flight)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if isinstance(self._policy, ARCPolicy):
+            self._policy = _FallbackIgnoresPins(self.num_chunks)
 
 
 class _FifoPool(ChunkPool):
@@ -336,6 +423,8 @@ MUTANTS: dict[str, Mutant] = {
     "skip_metric_every_offer": Mutant(SkipMetricEveryOffer, admission=True),
     "reset_keeps_counting": Mutant(ResetKeepsCounting, admission=True),
     "records_by_req_id": Mutant(RecordsByReqId, admission=True),
+    "records_by_identity": Mutant(RecordsByIdentity),  # needs the manager machine's dropped contexts
+    "records_not_tied_to_manager": Mutant(RecordsNotTiedToManager),
     "reoffer_no_refresh": Mutant(ReofferNoRefresh),
     "tracker_evicts_offer_key": Mutant(TrackerEvictsOfferKey),
     "dropped_key_not_retracked": Mutant(DroppedKeyNotRetracked),
@@ -355,6 +444,10 @@ MUTANTS: dict[str, Mutant] = {
     "store_event_missing": Mutant(StoreEventMissing),
     "usage_counts_idle": Mutant(UsageCountsIdle),
     "no_sample_on_none": Mutant(NoSampleOnNone),
+    "reset_drops_unreported_stats": Mutant(ResetDropsUnreportedStats),
+    "eviction_event_first_victim_only": Mutant(EvictionEventFirstVictimOnly),
+    "arc_fallback_evicts_pinned": Mutant(ArcFallbackEvictsPinned, policies=("arc",)),
+    "victim_chunks_released_reversed": Mutant(VictimChunksReleasedReversed),
     "load_pins_before_checking": Mutant(LoadPinsBeforeChecking),
     "arc_ghosts_untrimmed": Mutant(ArcGhostsUntrimmed, policies=("arc",)),
 }

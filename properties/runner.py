@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from .profiles import load_profile
+from .profiles import default_profile
 
 
 # Lines of a printed program that are not steps: set-up, tear-down and invariant checks.
@@ -57,7 +57,6 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
                 max_examples: int | None = None, database=None,
                 **overrides) -> RunResult:
     """Run ``machine_cls`` under ``profile``; never raises for a property failure."""
-    load_profile(profile)
     kwargs = dict(overrides)
     if max_examples is not None:
         kwargs["max_examples"] = max_examples
@@ -65,7 +64,8 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
         kwargs["derandomize"] = False
     if database is not None:
         kwargs["database"] = database
-    settings = Settings(Settings.default, **kwargs)
+    # The profile's settings for this run only: the process-wide default stays as it was.
+    settings = Settings(Settings.get_profile(profile or default_profile()), **kwargs)
     counts = {"examples": 0, "steps": 0}
 
     class Counted(machine_cls):
@@ -87,8 +87,6 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
     # The example database and derandomized runs key on this digest: one per machine class
     # name (that is, per machine and target), whatever Python finds as Counted's source.
     Counted._hypothesis_internal_add_digest = machine_cls.__name__.encode()
-    labels = _labels_of(machine_cls)
-    labels.clear()
     if seed is not None:
         # Hypothesis reads the seed from the machine class, not from a wrapper around it.
         from hypothesis import seed as with_seed
@@ -106,7 +104,7 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
         examples=counts["examples"], steps=counts["steps"], error=error,
         program=_program_lines(error) if error else [],
         history=list(getattr(Counted, "last_history", None) or []),
-        labels=dict(labels), rules=_step_rules(machine_cls))
+        labels=dict(_labels_of(Counted)), rules=_step_rules(machine_cls))
 
 
 def _step_rules(machine_cls) -> frozenset[str]:
@@ -121,10 +119,10 @@ def _step_rules(machine_cls) -> frozenset[str]:
 
 
 def _labels_of(machine_cls) -> Counter:
-    """The coverage-label counter of a machine class (``labels_seen``, or a scheduler
-    machine's ``seen``); a fresh one if it keeps none."""
-    for name in ("labels_seen", "seen"):
-        labels = getattr(machine_cls, name, None)
-        if isinstance(labels, Counter):
-            return labels
-    return Counter()
+    """The labels this run's examples earned: a ``Recorded`` machine class's own ``coverage``
+    (``Counted`` is a fresh subclass, so it holds this run's counts only)."""
+    labels = getattr(machine_cls, "coverage", None)
+    if isinstance(labels, Counter):
+        return labels
+    seen = getattr(machine_cls, "labels_seen", None)  # the worker machine's set
+    return Counter(seen or ())

@@ -16,30 +16,33 @@ Checked:
 - no chunk is ever stored for a key that fewer than ``store_threshold`` requests offered (a
   reset starts every request's offers over, as SPEC A7 starts its counting over);
 - the store accounting adds up: admitted = completed + failed + dropped by a reset + in flight;
-- for native targets, the tracker (keys, counts, recency) and the policy's order equal the
-  model's after every step, so a difference shows before it changes an admission or eviction.
+- after every step, the oracle's incremental check of what the step changed (the tracker, and
+  for native targets the policy's order and the pool), so a difference shows before it
+  changes an admission or eviction.
 
 ``machine_for(factory)`` builds the machine for any manager factory ``(num_chunks,
 cache_policy=..., store_threshold=..., max_tracker_size=...)``: impl, a catalogued mutant, or
-a target's ``make``. ``SchedulerMachine.seen`` collects, across runs, which situations occurred.
+a target's ``make``. Coverage labels come from the recorded history (``properties.coverage``):
+each step records what the scheduler's counters did.
 """
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable
 
-from hypothesis import event, note, settings as Settings
+from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule, run_state_machine_as_test)
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvgate.impl.scheduler import Request, RequestState, Scheduler
 from kvgate.model.cache import Model
 
 from .audit import Audit
-from .oracle import LockstepManager, fmt_key
+from .coverage import Recorded
 from .null_worker import NullWorker
+from .oracle import LockstepManager, fmt_key
+from .rule_choice import install as install_rule_choice
+from .targets import NativeAdapter
 
 VOCAB = (1, 2)
 NAMES = ("a", "b", "c")
@@ -47,28 +50,38 @@ BLOCK_SIZE = 1
 GPU_BLOCKS = 16
 ACTIVE = (RequestState.WAITING, RequestState.HELD, RequestState.LOADING, RequestState.RUNNING)
 
-# Situations a run can reach; tests require each to occur under the ci profile.
-SITUATIONS = ("allocation failure", "retry after None", "finish-time retry",
-              "re-offer after preemption", "offer across a reset", "stale completion dropped",
-              "load", "load deferred by HIT_PENDING", "failed copy", "eviction", "skip",
-              "preemption for GPU blocks", "request id reused")
+# Situation -> the scheduler counter that shows it (a step earns the label when it grows).
+COUNTED = {"allocation failure": "allocation_failures", "retry after None": "retries",
+           "finish-time retry": "finish_retries",
+           "re-offer after preemption": "reoffers_after_preemption",
+           "offer across a reset": "reoffers_after_reset",
+           "stale completion dropped": "stores_stale", "load": "load_jobs",
+           "load deferred by HIT_PENDING": "lookups_deferred", "failed copy": "stores_failed",
+           "eviction": "evictions", "skip": "skips", "preemption for GPU blocks": "preemptions"}
+LABELS = {**{label: (lambda e, c=counter: c in e.get("grew", ()))
+             for label, counter in COUNTED.items()},
+          "request id reused": lambda e: e.get("id_reused", False),
+          "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"])}
+SITUATIONS = tuple(LABELS)
 
 
-class SchedulerMachineBase(RuleBasedStateMachine):
+class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     factory: Callable[..., object]
     foreign: bool = False
     compare_state: bool = True
     policies: tuple[str, ...] = ("lru", "arc")
-    seen: Counter = Counter()
-    last_history: list = []
+    LABELS = LABELS
+    RULE_WEIGHTS = {"step": 3, "add_request": 2, "complete_copies": 2, "fail_copy": 1,
+                    "preempt": 1, "resume": 1, "finish": 1, "reset": 1}
+    SWARM_ALWAYS = ("step", "add_request")
 
     def __init__(self):
         super().__init__()
         self.sched: Scheduler | None = None
         self.expected: dict[bytes, tuple[bytes, ...]] = {}
         self.used_names: set[str] = set()
-        self.situations: set[str] = set()
         self.history: list[dict] = []
+        install_rule_choice(self)
 
     # ------------------------------------------------------------------ set-up
     @initialize(num_chunks=st.integers(1, 3), threshold=st.sampled_from([2, 2, 3, 1, 0]),
@@ -80,6 +93,8 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         policy = self.policies[policy_index % len(self.policies)]
         target = type(self).factory(num_chunks, cache_policy=policy, store_threshold=threshold,
                                     max_tracker_size=tracker)
+        if not hasattr(target, "new_context"):  # a bare manager of kvgate's interface
+            target = NativeAdapter(target)
         self.threshold = threshold
         self.model = Model(num_chunks, policy, threshold, tracker)
         self.proxy = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
@@ -105,26 +120,11 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         return self.sched is not None and any(r.state in states
                                               for r in self.sched.requests.values())
 
-    def _label(self, name: str) -> None:
-        if name not in self.situations:
-            self.situations.add(name)
-            if currently_in_test_context():  # a printed program may run outside Hypothesis
-                event(name)
-
-    def _after(self, before: dict) -> None:
+    def _after(self, rule: str, before: dict, **facts) -> None:
+        """Record the step: which of the scheduler's counters grew."""
         c = self.sched.counters.as_dict()
-        for name, counter in (("allocation failure", "allocation_failures"),
-                              ("retry after None", "retries"),
-                              ("finish-time retry", "finish_retries"),
-                              ("re-offer after preemption", "reoffers_after_preemption"),
-                              ("offer across a reset", "reoffers_after_reset"),
-                              ("stale completion dropped", "stores_stale"),
-                              ("load", "load_jobs"),
-                              ("load deferred by HIT_PENDING", "lookups_deferred"),
-                              ("failed copy", "stores_failed"), ("eviction", "evictions"),
-                              ("skip", "skips"), ("preemption for GPU blocks", "preemptions")):
-            if c[counter] > before[counter]:
-                self._label(name)
+        grew = [counter for counter in COUNTED.values() if c[counter] > before[counter]]
+        self.record(rule, grew=grew, **facts)
 
     # ------------------------------------------------------------------ engine events
     @precondition(lambda self: self.sched is not None
@@ -137,12 +137,12 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         """``name``, or the next free id after it when it is live."""
         i = NAMES.index(name)
         name = next(n for n in NAMES[i:] + NAMES[:i] if n not in self.sched.requests)
-        if name in self.used_names:
-            self._label("request id reused")
+        reused = name in self.used_names
         self.used_names.add(name)
         req = self.sched.add_request(Request.from_tokens(name, tokens, BLOCK_SIZE, max_output))
         for i, key in enumerate(req.keys):
             self.expected[key] = tuple(req.block_hashes[i * self.bpc:(i + 1) * self.bpc])
+        self.record("add_request", id_reused=reused)
 
     @precondition(lambda self: self.sched is not None)
     @rule(n=st.integers(1, 3))
@@ -150,7 +150,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         before = self.sched.counters.as_dict()
         for _ in range(n):
             self.sched.step()
-        self._after(before)
+        self._after("step", before)
 
     @precondition(lambda self: self.sched is not None and self.worker.in_flight())
     @rule(mask=st.integers(1, 63))
@@ -159,6 +159,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         jobs = self.worker.in_flight()
         picked = [j for i, j in enumerate(jobs) if mask >> (i % 6) & 1] or jobs[:1]
         self.worker.release(picked)
+        self.record("complete_copies", jobs=len(picked))
 
     @precondition(lambda self: self.sched is not None
                   and any(self.worker.kind(j) == "store" for j in self.worker.in_flight()))
@@ -168,6 +169,7 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         job = stores[which % len(stores)]
         self.worker.fail(job)
         self.worker.release([job])
+        self.record("fail_copy")
 
     @precondition(lambda self: self._has(RequestState.RUNNING, RequestState.LOADING))
     @rule(which=st.integers(0, 3), hold=st.booleans())
@@ -176,24 +178,26 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         req = self._pick(which, (RequestState.RUNNING, RequestState.LOADING))
         before = self.sched.counters.as_dict()
         self.sched.preempt(req, hold=hold)
-        self._after({**before, "preemptions": before["preemptions"] + 1})
+        self._after("preempt", {**before, "preemptions": before["preemptions"] + 1})
 
     @precondition(lambda self: self._has(RequestState.HELD))
     @rule(which=st.integers(0, 3))
     def resume(self, which):
         self.sched.resume(self._pick(which, (RequestState.HELD,)))
+        self.record("resume")
 
     @precondition(lambda self: self._has(*ACTIVE))
     @rule(which=st.integers(0, 3))
     def finish(self, which):
         self.sched.finish(self._pick(which, ACTIVE))
+        self.record("finish")
 
     @precondition(lambda self: self.sched is not None)
     @rule()
     def reset(self):
         before = self.sched.counters.as_dict()
         self.sched.reset()
-        self._after(before)
+        self._after("reset", before)
 
     # ------------------------------------------------------------------ checks
     @invariant()
@@ -206,8 +210,8 @@ class SchedulerMachineBase(RuleBasedStateMachine):
         self._ready_chunks_hold_their_keys_data()
         self._computed_blocks_hold_their_data()
         self._store_accounting_adds_up()
-        if self.compare_state and not self.foreign:
-            self._tracker_and_policy_order_agree()
+        if self.compare_state:
+            self.proxy.check_state()
 
     def _no_chunk_for_a_key_too_few_requests_offered(self):
         if self.audit.cold_admissions:
@@ -232,21 +236,6 @@ class SchedulerMachineBase(RuleBasedStateMachine):
                 assert self.worker.gpu_tag(req.block_table[b]) == req.block_hashes[b], (
                     f"{req!r}: GPU block {req.block_table[b]} (block {b}) holds the wrong data")
 
-    def _tracker_and_policy_order_agree(self):
-        """Native targets only: what shows later as a different admission or eviction."""
-        target, m = self.proxy.target, self.model
-        got = _tracker_of(target)
-        if got is not None or m.tracker_items():
-            assert [(fmt_key(k), c) for k, c in got or []] == \
-                [(fmt_key(k), c) for k, c in m.tracker_items()], "tracker (key, count) differs"
-        order = _policy_of(target)
-        if order is not None:
-            want = {"lru": m.lru} if m.policy == "lru" else {
-                "t1": m.t1, "t2": m.t2, "b1": m.b1, "b2": m.b2, "p": m.p}
-            show = lambda st: {k: v if k == "p" else [fmt_key(x) for x in v]  # noqa: E731
-                               for k, v in st.items()}
-            assert show(order) == show(want), "policy order differs"
-
     def _store_accounting_adds_up(self):
         c = self.sched.counters
         in_flight = sum(len(keys) for kind, _, keys in self.sched.jobs_in_flight().values()
@@ -255,23 +244,10 @@ class SchedulerMachineBase(RuleBasedStateMachine):
             f"store accounting: {c.as_dict()}, {in_flight} in flight")
 
     def teardown(self):
-        if self.sched is not None and currently_in_test_context():
-            note(f"counters: {self.sched.counters.as_dict()}")
-        type(self).seen.update(self.situations)
-        type(self).last_history = self.history
-
-
-def _tracker_of(target) -> list | None:
-    fn = getattr(target, "tracker_items", None)
-    if callable(fn):
-        return fn()
-    tracker = getattr(target, "tracker", None)
-    return None if tracker is None else list(tracker.counts.items())
-
-
-def _policy_of(target) -> dict | None:
-    fn = getattr(target, "policy_state", None)
-    return fn() if callable(fn) else None
+        if self.sched is not None:
+            if currently_in_test_context():
+                note(f"counters: {self.sched.counters.as_dict()}")
+            self.count_labels()
 
 
 def machine_for(factory: Callable[..., object], *, foreign: bool = False,
@@ -282,11 +258,6 @@ def machine_for(factory: Callable[..., object], *, foreign: bool = False,
     name = getattr(getattr(factory, "cls", factory), "__name__", type(factory).__name__)
     cls = type(f"SchedulerMachine_{name}", (SchedulerMachineBase,),
                {"factory": staticmethod(factory), "foreign": foreign,
-                "policies": tuple(policies), "compare_state": compare_state,
-                "seen": Counter()})
+                "policies": tuple(policies), "compare_state": compare_state})
     return cls
-
-
-def run_machine(machine: type[SchedulerMachineBase], settings: Settings | None = None) -> None:
-    run_state_machine_as_test(machine, settings=settings)
 
