@@ -12,9 +12,6 @@ from hypothesis.stateful import run_state_machine_as_test
 from .profiles import default_profile
 
 
-# Lines of a printed program that are not steps: set-up, tear-down and invariant checks.
-NOT_STEPS = {"configure", "teardown", "agrees_with_model", "check_bytes", "check_invariants"}
-
 
 @dataclass
 class RunResult:
@@ -32,10 +29,8 @@ class RunResult:
     @property
     def shrunk_steps(self) -> int:
         """Steps of the counterexample (``state.<rule>(...)`` lines, set-up rules excluded)."""
-        def is_step(name: str) -> bool:
-            return name in self.rules if self.rules else name not in NOT_STEPS
         return sum(1 for line in self.program
-                   if "state." in line and is_step(line.split("state.", 1)[1].split("(")[0]))
+                   if "state." in line and line.split("state.", 1)[1].split("(")[0] in self.rules)
 
     @property
     def message(self) -> str:
