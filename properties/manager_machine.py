@@ -65,21 +65,29 @@ KEYS = {name: make_key(name.encode()) for name in KEY_NAMES}
 REQ_IDS = ("r0", "r1", "r2")  # requests alive at any time, one per id
 
 
+# How often an offer of n distinct keys is drawn, relative to one of 4 (about 8% offers of one
+# key, 21% of two, 28% of three, 42% of four, then a few that repeat a key).
+LENGTH_WEIGHTS = {1: 12, 2: 6, 3: 2, 4: 1}
+
+
 def _offers() -> tuple[tuple[str, ...], ...]:
     """Every offer of 1 to 4 distinct keys, shortest and earliest letters first (so shrinking
-    goes there), then offers that repeat a key (only native targets receive those)."""
+    goes there), each as often as ``LENGTH_WEIGHTS`` says; then offers that repeat a key (only
+    native targets receive those)."""
     distinct = [p for n in range(1, 5) for p in permutations(KEY_NAMES, n)]
     repeated = [p + (p[0],) for p in distinct if len(p) <= 3]
-    return tuple(distinct + repeated)
+    return tuple([p for p in distinct for _ in range(LENGTH_WEIGHTS[len(p)])] + repeated)
 
 
 OFFERS = _offers()
 N_DISTINCT = sum(1 for o in OFFERS if len(set(o)) == len(o))
+N_SHORT = sum(1 for o in OFFERS[:N_DISTINCT] if len(o) <= 3)
 offer_keys = st.integers(0, len(OFFERS) - 1).map(lambda i: list(OFFERS[i]))
 distinct_keys = st.integers(0, N_DISTINCT - 1).map(lambda i: list(OFFERS[i]))
-some_keys = st.integers(0, 6 + 30 + 120 - 1).map(lambda i: list(OFFERS[i]))  # 1 to 3 keys
+some_keys = st.integers(0, N_SHORT - 1).map(lambda i: list(OFFERS[i]))  # 1 to 3 keys
 BAD_CALLS = tuple((kind, list(good), bad) for kind in ("prepare_load", "complete_load", "key type")
-                  for bad in KEY_NAMES for good in OFFERS[:6 + 30] if bad not in good)
+                  for bad in KEY_NAMES for good in dict.fromkeys(o for o in OFFERS if len(o) <= 2)
+                  if bad not in good)
 bad_calls = st.integers(0, len(BAD_CALLS) - 1).map(lambda i: BAD_CALLS[i])
 
 
@@ -404,6 +412,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         keys = [KEYS[n] for n in key_names if self.model.lookup(KEYS[n]) == "HIT"]
         if not keys:
             return multiple()
+        self.oracle.touch(keys, self.loader)  # as the scheduler does: hits are touched, then pinned
         self.oracle.prepare_load(keys, self.loader)
         pinned = sum(1 for r in self.model.resident.values() if r["ref"] > 0)
         self.max_pinned = max(self.max_pinned, pinned)
