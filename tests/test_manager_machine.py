@@ -79,7 +79,7 @@ def test_printed_program_replays_outside_hypothesis(name):
 def test_requests_print_as_their_bundle_names():
     """The divergence names a request as the printed program does (``requests_3``)."""
     _, result = run("mutant:records_by_req_id", 1500)
-    named = re.findall(r"requests_\d+", result.message.splitlines()[0])
+    named = re.findall(r"requests_\d+", result.message)
     assert named, result.message
     for name in named:
         assert any(name in line for line in result.program), (name, result.program)
