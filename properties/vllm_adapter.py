@@ -33,7 +33,7 @@ from typing import Any
 from kvgate.impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
                               WRITE_USAGE, LookupResult, OffloadingEvent, PrepareStoreOutput)
 
-from .targets import POLICIES, RequestHooks, Target, TargetError, _import_attr
+from .adapters import POLICIES, RequestHooks, Target, TargetError, import_attr
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
@@ -346,7 +346,7 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None) -> Target:
         types = types or vllm_types()
     elif spec.startswith("vllm="):
         path = spec.split("=", 1)[1]
-        cls = _import_attr(path)
+        cls = import_attr(path)
         if types is None:
             module = importlib.import_module(path.partition(":")[0])
             if hasattr(module, "ReqContext") and hasattr(module, "make_offload_key"):
