@@ -16,7 +16,7 @@ SPEC section 7. ``Scheduler`` plays the engine's side of the offloading manager,
 - Reset flushes every job, calls ``reset_cache()``, restarts every active request's stores at
   chunk 0, and drops every completion of a job issued before it: none reaches the manager.
 - Loads: a request that is scheduled from the waiting queue looks its prefix up chunk by chunk
-  and stops at the first ``MISS``; a ``HIT_PENDING`` defers it to a later step; hits are touched,
+  and stops at the first ``MISS``; a ``HIT_PENDING`` defers it to a later step; hits are touched (if the manager has touch),
   pinned with ``prepare_load``, copied by a load job, and released with ``complete_load`` when
   the job completes. The request runs once its load is done.
 
@@ -455,7 +455,10 @@ class Scheduler:
         return hits, limit
 
     def _start_load(self, req: Request, hits: list[bytes]) -> None:
-        self.manager.touch(hits, req.ctx)
+        # A manager may lack touch (vLLM 0.34.0 does: its policies learn recency from loads);
+        # its adapter names it in ``missing``, and the hint is left out.
+        if "touch" not in getattr(self.manager, "missing", ()):
+            self.manager.touch(hits, req.ctx)
         chunk_ids = list(self.manager.prepare_load(hits, req.ctx))
         blocks = [self._free_blocks.pop() for _ in range(len(hits) * self.blocks_per_chunk)]
         req.block_table.extend(blocks)

@@ -425,6 +425,9 @@ def cmd_check(args) -> int:
                      + (f", database {args.database}" if args.database else "")
                      + f"); machines: {', '.join(kinds)}; targets: {', '.join(specs)}")
         for target in targets:
+            if target.note:
+                display.line(f"target {target.note}")
+        for target in targets:
             for kind in kinds:
                 tick = display.task(f"{kind} x {target.spec}", max_examples)
                 run = run_one(kind, target, profile, args.seed, args.max_examples, args.steps,

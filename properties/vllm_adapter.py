@@ -14,7 +14,11 @@ module at load time: they come in a ``VllmTypes`` (from ``vllm.v1.kv_offload.bas
 module that defines the target class when it defines its own ``ReqContext`` and
 ``make_offload_key``), so the adapter can be tested without vLLM.
 
-Tolerated differences between vLLM versions: the constructor's size argument (``num_chunks`` or
+The adapter goes by capability, never by version (SPEC section 10): ``touch`` is optional (0.34.0
+removed it; such a target's ``missing`` names it, machines never draw a touch and the report says
+so), events may carry ``metadata_only``, ``removal_expected`` and ``req_context`` or not (only
+keys, ``removed`` and ``metadata_only`` are read), ``ReqContext`` may have extra fields and
+properties. Other tolerated differences: the constructor's size argument (``num_chunks`` or
 ``num_blocks``), ``ReqContext``'s extra fields, events without ``metadata_only`` (taken as
 ``False``), ``store_spec`` as an object with ``block_ids`` or a plain sequence, and stats whose
 histogram reduces to a summary (samples are read from the unreduced ``metric_sections()``
@@ -46,6 +50,38 @@ VLLM_CPU_PACKAGES = ("packaging psutil pyzmq urllib3 regex numpy transformers cb
                      "partial_json_parser llguidance")
 INSTALL_HINT = ("install it next to the CPU build of torch: pip install --no-deps "
                 "vllm==<version> && pip install " + VLLM_CPU_PACKAGES)
+
+
+# The calls every vLLM-style manager must have, and the ones a release may lack: 0.34.0 removed
+# touch (its policies learn recency from loads, stores and on_request_access).
+REQUIRED_CALLS = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
+                  "reset_cache", "take_events", "get_stats")
+OPTIONAL_CALLS = ("touch",)
+
+
+def missing_calls(manager_or_class: Any) -> frozenset[str]:
+    """The optional calls a manager (or its class) lacks."""
+    return frozenset(n for n in OPTIONAL_CALLS
+                     if not callable(getattr(manager_or_class, n, None)))
+
+
+def installed_vllm_version() -> str | None:
+    """The installed vLLM distribution's version, or None."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+        return version("vllm")
+    except (ImportError, PackageNotFoundError):
+        return None
+
+
+def describe(spec: str, cls: Any, missing: frozenset[str]) -> str:
+    """One line for the report: which manager, which vLLM, what the adapter found missing."""
+    version = installed_vllm_version()
+    name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
+    parts = [f"{spec}: {name}", f"vLLM {version}" if version else "vLLM not installed"]
+    parts.append("lacks " + ", ".join(sorted(missing)) + " (never drawn)" if missing
+                 else "has every optional call")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -95,15 +131,16 @@ def _ids(spec: Any) -> list[int]:
 class VllmAdapter(RequestHooks):
     """A manager with vLLM's interface, answering in kvgate's plain values."""
 
-    REQUIRED = ("lookup", "prepare_load", "complete_load", "touch", "prepare_store",
-                "complete_store", "reset_cache", "take_events", "get_stats")
+    REQUIRED = REQUIRED_CALLS
+    OPTIONAL = OPTIONAL_CALLS
 
     def __init__(self, manager, types: VllmTypes | None = None):
-        missing = [name for name in self.REQUIRED if not callable(getattr(manager, name, None))]
-        if missing:
+        lacking = [name for name in self.REQUIRED if not callable(getattr(manager, name, None))]
+        if lacking:
             raise TargetError(f"{type(manager).__name__} lacks vLLM's manager interface: "
-                              f"missing {', '.join(missing)}")
+                              f"missing {', '.join(lacking)}")
         self.manager = manager
+        self.missing = missing_calls(manager)
         self.types = types or vllm_types()
         self._theirs: dict[bytes, Any] = {}  # our key -> vLLM's key
         self._ours: dict[Any, bytes] = {}  # vLLM's key -> our key
@@ -168,6 +205,8 @@ class VllmAdapter(RequestHooks):
         self.manager.complete_load(self._keys(keys), ctx)
 
     def touch(self, keys, ctx=None) -> None:
+        if "touch" in self.missing:  # the oracle never asks; a direct caller gets one line
+            raise TargetError(f"{type(self.manager).__name__} has no touch")
         self.manager.touch(self._keys(keys), ctx)
 
     def prepare_store(self, keys, ctx):
@@ -355,5 +394,11 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None) -> Target:
                 types = vllm_types()
     else:
         raise TargetError(f"target {spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
+    lacking = [n for n in REQUIRED_CALLS if not callable(getattr(cls, n, None))]
+    if lacking and isinstance(cls, type):
+        raise TargetError(f"target {spec!r}: {cls.__name__} lacks vLLM's manager interface: "
+                          f"missing {', '.join(lacking)}")
+    missing = missing_calls(cls) if isinstance(cls, type) else frozenset()
     return Target(spec, vllm_factory(cls, spec), POLICIES, foreign=True,
-                  adapter=VllmAdapter.with_types(types))
+                  adapter=VllmAdapter.with_types(types), missing=missing,
+                  note=describe(spec, cls, missing))

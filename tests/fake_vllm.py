@@ -12,7 +12,8 @@ bytes so that the adapter's mapping back to our keys is exercised; a ``LookupRes
 object whose ``reduce()`` gives metric name -> value (the histogram summarised, its samples
 kept in ``metric_sections()``), and the tracker as the ``counts``
 attribute (an ``OrderedDict``, or ``None`` below threshold 2). ``FakeEveryOfferCounts`` does the
-same for a known-bad manager. ``NotAManager`` builds but has none of the interface.
+same for a known-bad manager, ``FakeManagerWithoutTouch`` lacks ``touch`` and its events carry
+the fields 0.34.0 added. ``NotAManager`` builds but has none of the interface.
 
 The module defines ``ReqContext`` and ``make_offload_key``, so ``vllm=tests.fake_vllm:...``
 targets take their types from here (``properties.vllm_adapter.resolve_vllm``).
@@ -76,6 +77,8 @@ class OffloadingEvent:
     keys: list[OffloadKey]
     removed: bool
     metadata_only: bool = False
+    removal_expected: bool = False  # fields a newer release added, which the adapter ignores
+    req_context: Any = None
 
 
 class Stats:
@@ -111,8 +114,8 @@ def _theirs(key: bytes) -> OffloadKey:
     return OffloadKey(key[:-4], int.from_bytes(key[-4:], "big"))
 
 
-class FakeManager:
-    """impl's manager behind vLLM-shaped types (the interface an upstream manager has)."""
+class FakeManagerWithoutTouch:
+    """impl's manager behind vLLM-shaped types, without ``touch`` (as vLLM 0.34.0 has it)."""
 
     manager_cls = OffloadingManager
 
@@ -146,9 +149,6 @@ class FakeManager:
     def complete_load(self, keys, req_context: ReqContext) -> None:
         self._m.complete_load([_ours(k) for k in keys], req_context)
 
-    def touch(self, keys, req_context: ReqContext) -> None:
-        self._m.touch([_ours(k) for k in keys], req_context)
-
     def prepare_store(self, keys, req_context: ReqContext) -> PrepareStoreOutput | None:
         out = self._m.prepare_store([_ours(k) for k in keys], req_context)
         if out is None:
@@ -166,10 +166,17 @@ class FakeManager:
     def take_events(self):
         for event in self._m.take_events():  # runs only once the generator is iterated
             yield OffloadingEvent([_theirs(k) for k in event.keys], event.removed,
-                                  event.metadata_only)
+                                  event.metadata_only, removal_expected=not event.removed)
 
     def get_stats(self) -> Stats:
         return Stats(self._m.get_stats().as_dict())
+
+
+class FakeManager(FakeManagerWithoutTouch):
+    """impl's manager behind vLLM-shaped types (the interface an upstream manager has)."""
+
+    def touch(self, keys, req_context: ReqContext) -> None:
+        self._m.touch([_ours(k) for k in keys], req_context)
 
 
 class FakeEveryOfferCounts(FakeManager):

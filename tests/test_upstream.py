@@ -1,0 +1,141 @@
+"""The real upstream: each vLLM release CI gates, in its own environment (tests/vllm_releases.py).
+
+The verdicts below are what kvgate must say about each release (README, docs/upstream.md):
+
+- 0.33.0 carries the seed's bug: every offer counts, so one request's retry admits a key that
+  no other request offered. The gate fails it in at most 4 steps on the admitted keys.
+- 0.34.0 carries the seed's fix, and one defect (SPEC A5, amended): a request's first skip of a
+  key it had earlier had admitted is never counted. The gate fails it on the skip metric and
+  nothing else: the same manager with that one thing put right (tests/upstream_patches.py)
+  passes under the ``ci`` and ``thorough`` profiles, both policies, both machines.
+
+A release named in .ci/vllm-releases.txt without an entry here is only required to be checked
+(exit 0 or 1, never a crash or a usage error).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.vllm_releases import probe, releases, run_in
+
+pytestmark = pytest.mark.vllm
+
+PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
+TRACE = "tests/data/mooncake_conversation_300.jsonl"
+EXPECTED = {
+    "0.33.0": {"why": "admitted keys differ", "max_steps": 4, "missing": [],
+               "cold": "some"},
+    "0.34.0": {"why": "vllm:kv_offload_stores_skipped differs", "max_steps": 12,
+               "missing": ["touch"], "cold": "none"},
+}
+
+
+def gate(version: str, *args: str):
+    done = run_in(version, "-m", "kvgate", "check", "--profile", "ci", *args)
+    return done.returncode, done.stdout + done.stderr
+
+
+def counterexample(out: str) -> tuple[int, str]:
+    steps = int(re.search(r"counterexample in (\d+) steps", out).group(1))
+    why = re.search(r"^  \((.*)\)$", out, re.MULTILINE).group(1)
+    return steps, why
+
+
+@pytest.mark.parametrize("version", releases())
+def test_the_gate_gives_each_release_its_verdict(version):
+    code, out = gate(version, "--target", "vllm")
+    want = EXPECTED.get(version)
+    if want is None:
+        assert code in (0, 1), out
+        return
+    assert code == 1, out
+    steps, why = counterexample(out)
+    assert why == want["why"], out
+    assert steps <= want["max_steps"], out
+    assert f"vLLM {version}" in out
+    if want["missing"]:
+        assert f"lacks {', '.join(want['missing'])} (never drawn)" in out
+        assert "state.touch(" not in out
+    else:
+        assert "has every optional call" in out
+
+
+@pytest.mark.parametrize("profile", ["ci", "thorough"])
+def test_0_34_0_with_the_skip_counted_once_passes(profile):
+    """0.34.0's one defect is the skip metric: put that right and every property holds, both
+    policies (the vllm= target runs LRU and ARC), both machines."""
+    if "0.34.0" not in releases():
+        pytest.skip("0.34.0 is not gated")
+    done = run_in("0.34.0", "-m", "kvgate", "check", "--profile", profile, "--machine", "all",
+                  "--target", PATCHED)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert f"PASS  manager x {PATCHED}" in out and f"PASS  scheduler x {PATCHED}" in out
+
+
+@pytest.mark.parametrize("version", releases())
+def test_replay_counts_cold_admissions_of_each_release(version, tmp_path):
+    report = tmp_path / "replay.json"
+    done = run_in(version, "-m", "kvgate", "replay", TRACE, "--target", "vllm",
+                  "--json", str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (run,) = json.loads(report.read_text())
+    assert run["requests"] == 300 and run["finished"] == 300
+    assert run["admitted"] > 0
+    want = EXPECTED.get(version, {}).get("cold")
+    if want == "some":
+        assert run["cold_admissions"] > 0, run
+    elif want == "none":
+        assert run["cold_admissions"] == 0, run
+
+
+ADAPTER_PROBE = """
+import json
+from kvgate.impl.base import make_key
+from kvgate.properties.targets import resolve_target
+target = resolve_target("vllm")
+a = target.make(2, "lru", 2, 4)
+r1, r2 = a.new_context("r1"), a.new_context("r2")
+A, B, C = (make_key(n.encode()) for n in "ABC")
+first = a.prepare_store([A, B], r1)
+second = a.prepare_store([A, B], r2)
+a.complete_store(second.keys_to_store, r2, success=False)
+third = a.prepare_store([A, C], r2)
+events = a.take_events()
+print(json.dumps({
+    "missing": sorted(target.missing), "note": target.note,
+    "context": type(r1).__module__ + "." + type(r1).__name__,
+    "first": [list(first.keys_to_store), first.store_spec],
+    "second": [len(second.keys_to_store), len(second.store_spec)],
+    "third_none": third is None,
+    "events": [[len(e.keys), e.removed, e.metadata_only] for e in events],
+    "lookup": str(a.lookup(A, r1)), "tracker": len(a.tracker_items()),
+    "stats": sorted(a.get_stats()),
+}))
+"""
+
+
+@pytest.mark.parametrize("version", releases())
+def test_the_adapter_reads_the_release_by_capability(version):
+    """The release's own types, events with whatever fields it has, its tracker and stats."""
+    got = probe(version, ADAPTER_PROBE)
+    assert got["context"].startswith("vllm."), got
+    assert got["first"] == [[], []]  # threshold 2: one request's offer admits nothing
+    assert got["second"] == [2, 2]  # a second request's offer admits both
+    # The failed store's metadata-only removal named A and B; A is pending again when the
+    # events are drained, so only B is left in it (SPEC section 5, amended).
+    assert got["events"] == [[1, True, True]], got
+    assert not got["third_none"] and got["lookup"] == "HIT_PENDING"
+    assert got["tracker"] == 3  # A, B and C
+    assert got["stats"] == sorted(["vllm:kv_offload_stores_skipped",
+                                   "vllm:kv_offload_cpu_allocation_size",
+                                   "vllm:kv_offload_cpu_cache_usage_perc",
+                                   "vllm:kv_offload_cpu_cache_write_usage_perc",
+                                   "vllm:kv_offload_cpu_cache_read_usage_perc"])
+    want = EXPECTED.get(version)
+    if want is not None:
+        assert got["missing"] == want["missing"], got
+    assert f"vLLM {version}" in got["note"]

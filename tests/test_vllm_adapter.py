@@ -1,0 +1,52 @@
+"""The vLLM adapter goes by capability (SPEC section 10, amended), tested without vLLM through
+the stand-in of tests/fake_vllm.py: a manager without ``touch`` is still checked, no touch step
+is ever drawn for it, and the report says what the adapter found missing."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.impl.base import make_key
+from kvgate.properties.adapters import TargetError
+from kvgate.properties.vllm_adapter import resolve_vllm
+
+NO_TOUCH = "vllm=tests.fake_vllm:FakeManagerWithoutTouch"
+WITH_TOUCH = "vllm=tests.fake_vllm:FakeManager"
+
+
+def test_a_manager_without_touch_is_named_and_never_touched():
+    target = resolve_vllm(NO_TOUCH)
+    assert target.missing == frozenset({"touch"})
+    assert "lacks touch (never drawn)" in target.note
+    adapter = target.make(2, "lru", 2, 4)
+    assert adapter.missing == frozenset({"touch"})
+    with pytest.raises(TargetError, match="has no touch"):
+        adapter.touch([make_key(b"A")], adapter.new_context("r"))
+
+
+def test_a_manager_with_touch_lacks_nothing():
+    target = resolve_vllm(WITH_TOUCH)
+    assert target.missing == frozenset()
+    assert "has every optional call" in target.note
+
+
+def test_events_with_newer_fields_read_as_plain_events():
+    adapter = resolve_vllm(NO_TOUCH).make(2, "lru", 1, 4)
+    ctx = adapter.new_context("r")
+    key = make_key(b"A")
+    out = adapter.prepare_store([key], ctx)
+    adapter.complete_store(out.keys_to_store, ctx)
+    assert [tuple(e) for e in adapter.take_events()] == [((key,), False, False)]
+
+
+def test_the_gate_checks_a_manager_without_touch_and_says_so(capsys):
+    code = main(["check", "--target", NO_TOUCH, "--machine", "all", "--profile", "ci",
+                 "--max-examples", "60", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"target {NO_TOUCH}: tests.fake_vllm.FakeManagerWithoutTouch;" in out
+    assert "lacks touch (never drawn)" in out
+    coverage = out.split("coverage (manager):")[1].split("\n")[0]
+    assert re.search(r"\btouch \d", coverage) is None, coverage  # no touch step was drawn
