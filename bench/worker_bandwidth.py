@@ -2,8 +2,9 @@
 
 Each case moves the pages of ``n`` blocks of every layer, GPU -> CPU (store) or CPU -> GPU
 (load), with contiguous ids (consecutive blocks into consecutive chunks) or scattered ones
-(random blocks, random chunks). Timed, interleaved round by round in one run, median of the
-rounds for each:
+(random blocks, random chunks). Timed, interleaved round by round in one run, in a new
+(seeded) order each round, each timed batch after one untimed call (so no copy is timed on the
+caches another copy left), median of the rounds for each:
 
 - worker, copy alone: ``worker._copy_cpu(job)`` (``_copy_cuda`` + a synchronize on CUDA) of a
   job built once: the worker's own planning of the copy (runs, views) and the copy; no argument
@@ -68,8 +69,13 @@ def median_times(fns: dict, rounds: int, reps: int, sync) -> dict:
     for fn in fns.values():
         fn()  # warm-up: first touch of the pages, buffers
     sync()
+    order, names = random.Random(0), list(fns)
     for _ in range(rounds):
-        for name, fn in fns.items():
+        order.shuffle(names)  # no copy always follows the same one
+        for name in names:
+            fn = fns[name]
+            fn()  # untimed: each copy is timed from its own bytes, not from its predecessor's
+            sync()
             start = time.perf_counter()
             for _ in range(reps):
                 fn()
