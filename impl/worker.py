@@ -134,6 +134,8 @@ def _long_runs(src: list[int], dst: list[int]) -> tuple[list[tuple[int, int]], l
     """``(runs, rest)``: the maximal runs of at least ``_SLICE_RUN`` positions where both ids go
     up by one, as ``(first position, length)``, and the other positions (None: all of them)."""
     n = len(src)
+    if n and src == list(range(src[0], src[0] + n)) and dst == list(range(dst[0], dst[0] + n)):
+        return ([(0, n)] if n >= _SLICE_RUN else []), ([] if n >= _SLICE_RUN else None)
     edges = [0, *[i for i, (a, b, c, d) in enumerate(zip(src, src[1:], dst, dst[1:]), 1)
                   if b - a != 1 or d - c != 1], n]
     if len(edges) == n + 1:  # no two neighbours continue each other (scattered ids)
