@@ -59,7 +59,10 @@ a side stream of its direction (one per direction, so jobs of one direction comp
 that first waits for the current stream; the copies are non-blocking and an event recorded
 after them marks the job done. The caller must not touch a job's GPU blocks on its own streams
 until the job is reported. When the tensors live on the CPU, the same submission path copies
-synchronously inside ``submit_*`` and every job is done when it returns.
+synchronously inside ``submit_*`` and every job is done when it returns. The CPU path copies
+every layer in one ``_foreach_copy_``: runs of consecutive ids as slices, other rows through
+row views made once at construction (one small tensor object per block and per sub-block of
+each layer).
 
 The worker is not thread-safe: one thread drives it.
 
