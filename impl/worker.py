@@ -59,7 +59,10 @@ a side stream of its direction (one per direction, so jobs of one direction comp
 that first waits for the current stream; the copies are non-blocking and an event recorded
 after them marks the job done. The caller must not touch a job's GPU blocks on its own streams
 until the job is reported. When the tensors live on the CPU, the same submission path copies
-synchronously inside ``submit_*`` and every job is done when it returns.
+synchronously inside ``submit_*`` and every job is done when it returns. The CPU path copies
+every layer in one ``_foreach_copy_``: runs of consecutive ids as slices, other rows through
+row views made once at construction (one small tensor object per block and per sub-block of
+each layer).
 
 The worker is not thread-safe: one thread drives it.
 
@@ -85,6 +88,7 @@ LOAD = "load"
 KINDS = (STORE, LOAD)
 
 _WORD_DTYPES = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
+_SLICE_RUN = 4  # runs this long are copied as one slice; shorter ones row by row
 
 
 @dataclasses.dataclass(eq=False)
@@ -129,13 +133,29 @@ def _first_repeat(values: list[int]) -> int | None:
     return None
 
 
-def _consecutive_start(rows: list[int]) -> int | None:
-    """``rows[0]`` when ``rows`` is ``rows[0], rows[0] + 1, ...``; else None."""
-    start = rows[0]
-    for i, r in enumerate(rows):
-        if r != start + i:
-            return None
-    return start
+def _long_runs(src: list[int], dst: list[int]) -> tuple[list[tuple[int, int]], list[int] | None]:
+    """``(runs, rest)``: the maximal runs of at least ``_SLICE_RUN`` positions where both ids go
+    up by one, as ``(first position, length)``, and the other positions (None: all of them)."""
+    n = len(src)
+    if n and src == list(range(src[0], src[0] + n)) and dst == list(range(dst[0], dst[0] + n)):
+        return ([(0, n)] if n >= _SLICE_RUN else []), ([] if n >= _SLICE_RUN else None)
+    edges = [0, *[i for i, (a, b, c, d) in enumerate(zip(src, src[1:], dst, dst[1:]), 1)
+                  if b - a != 1 or d - c != 1], n]
+    if len(edges) == n + 1:  # no two neighbours continue each other (scattered ids)
+        return [], None
+    runs: list[tuple[int, int]] = []
+    rest: list[int] = []
+    for p, q in zip(edges, edges[1:]):
+        if q - p >= _SLICE_RUN:
+            runs.append((p, q - p))
+        else:
+            rest.extend(range(p, q))
+    return runs, rest
+
+
+def _picker(ids: list[int]):
+    """``rows -> (rows[i] for i in ids)`` as a tuple, at C speed (``itemgetter``)."""
+    return operator.itemgetter(*ids) if len(ids) > 1 else (lambda rows: (rows[ids[0]],))
 
 
 def _runs(rows: list[int]) -> list[tuple[int, int, int]]:
@@ -216,6 +236,9 @@ class OffloadWorker:
             g, c = _word_view(gpu, cpu.view(num_chunks * blocks_per_chunk, page))
             self._gpu_words.append(g)
             self._cpu_words.append(c)
+        # One view per row, made once: a scattered copy then costs a list lookup per row.
+        self._gpu_rows = [g.unbind(0) for g in self._gpu_words]
+        self._cpu_rows = [c.unbind(0) for c in self._cpu_words]
         self.bytes_per_block = sum(self.page_bytes)
 
         self._seq = 0
@@ -228,7 +251,6 @@ class OffloadWorker:
         self._slot_readers: dict[int, set[int]] = {}  # loads
         self._block_writers: dict[int, set[int]] = {}  # loads
         self._block_readers: dict[int, set[int]] = {}  # stores
-        self._staging: dict[torch.dtype, torch.Tensor] = {}
         self.last_error: BaseException | None = None  # why the last copy that raised failed
         self._streams: dict[str, Any] = {}
         if self.is_cuda:
@@ -468,63 +490,37 @@ class OffloadWorker:
         ok = bool(job.success)
         return TransferResult(job.job_id, ok, job.nbytes if ok else 0, float(job.seconds))
 
-    def _staging_rows(self, like: torch.Tensor, n: int) -> torch.Tensor:
-        """A reusable ``[n, width]`` buffer of ``like``'s dtype (CPU path: copies are synchronous)."""
-        width = like.shape[1]
-        buf = self._staging.get(like.dtype)
-        if buf is None or buf.numel() < n * width:
-            buf = torch.empty(max(n * width, 2 * (0 if buf is None else buf.numel())),
-                              dtype=like.dtype)
-            self._staging[like.dtype] = buf
-        return buf[: n * width].view(n, width)
-
     def _copy_cpu(self, job: _Job) -> None:
-        """Synchronous copy, one pass over the bytes wherever a side is a run of rows.
-
-        The CPU side comes in runs (the sub-blocks of one chunk, or of consecutive chunks), the
-        GPU side in arbitrary rows: whole ranges are sliced, runs of two or more sub-blocks get one
-        indexed op each, and scattered single rows go through a staging buffer (two passes)."""
-        n = len(job.gpu_blocks)
-        if n == 0:
-            return
-        block_idx = torch.tensor(job.gpu_blocks, dtype=torch.long)
-        block_start = _consecutive_start(job.gpu_blocks)
-        runs = _runs(job.slots)
-        slot_idx = None if 2 * len(runs) <= n else torch.tensor(job.slots, dtype=torch.long)
-        for gpu, cpu in zip(self._gpu_words, self._cpu_words):
-            if job.kind == STORE:
-                self._store_rows(cpu, gpu, block_idx, block_start, runs, slot_idx, n)
-            else:
-                self._load_rows(gpu, cpu, block_idx, block_start, runs, slot_idx, n)
-
-    def _store_rows(self, cpu, gpu, block_idx, block_start, runs, slot_idx, n) -> None:
-        if slot_idx is None:
-            for pos, row, length in runs:
-                if block_start is not None:
-                    cpu[row:row + length].copy_(gpu[block_start + pos:block_start + pos + length])
-                else:
-                    torch.index_select(gpu, 0, block_idx[pos:pos + length],
-                                       out=cpu[row:row + length])
-        elif block_start is not None:
-            cpu.index_copy_(0, slot_idx, gpu[block_start:block_start + n])
+        """Synchronous copy, one ``_foreach_copy_`` over every layer: a run of at least
+        ``_SLICE_RUN`` consecutive (block, sub-block) pairs is one slice, any other row is one of
+        the row views made once in ``__init__`` (no index tensor, no staging pass)."""
+        if job.kind == STORE:
+            src_ids, dst_ids = job.gpu_blocks, job.slots
+            srcs_w, dsts_w, srcs_r, dsts_r = (self._gpu_words, self._cpu_words,
+                                              self._gpu_rows, self._cpu_rows)
         else:
-            staged = self._staging_rows(gpu, n)
-            torch.index_select(gpu, 0, block_idx, out=staged)
-            cpu.index_copy_(0, slot_idx, staged)
-
-    def _load_rows(self, gpu, cpu, block_idx, block_start, runs, slot_idx, n) -> None:
-        if slot_idx is None:
-            for pos, row, length in runs:
-                if block_start is not None:
-                    gpu[block_start + pos:block_start + pos + length].copy_(cpu[row:row + length])
-                else:
-                    gpu.index_copy_(0, block_idx[pos:pos + length], cpu[row:row + length])
-        elif block_start is not None and gpu[block_start:block_start + n].is_contiguous():
-            torch.index_select(cpu, 0, slot_idx, out=gpu[block_start:block_start + n])
+            src_ids, dst_ids = job.slots, job.gpu_blocks
+            srcs_w, dsts_w, srcs_r, dsts_r = (self._cpu_words, self._gpu_words,
+                                              self._cpu_rows, self._gpu_rows)
+        srcs: list[torch.Tensor] = []
+        dsts: list[torch.Tensor] = []
+        runs, rest = _long_runs(src_ids, dst_ids)
+        for pos, length in runs:
+            s, d = src_ids[pos], dst_ids[pos]
+            for src, dst in zip(srcs_w, dsts_w):
+                srcs.append(src[s:s + length])
+                dsts.append(dst[d:d + length])
+        if rest is None:
+            rest_src, rest_dst = src_ids, dst_ids
         else:
-            staged = self._staging_rows(cpu, n)
-            torch.index_select(cpu, 0, slot_idx, out=staged)
-            gpu.index_copy_(0, block_idx, staged)
+            rest_src, rest_dst = [src_ids[i] for i in rest], [dst_ids[i] for i in rest]
+        if rest_src:
+            pick_src, pick_dst = _picker(rest_src), _picker(rest_dst)
+            for src_rows, dst_rows in zip(srcs_r, dsts_r):
+                srcs.extend(pick_src(src_rows))
+                dsts.extend(pick_dst(dst_rows))
+        if srcs:
+            torch._foreach_copy_(dsts, srcs)
 
     def _copy_cuda(self, job: _Job) -> None:
         n = len(job.gpu_blocks)

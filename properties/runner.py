@@ -117,7 +117,4 @@ def _labels_of(machine_cls) -> Counter:
     """The labels this run's examples earned: a ``Recorded`` machine class's own ``coverage``
     (``Counted`` is a fresh subclass, so it holds this run's counts only)."""
     labels = getattr(machine_cls, "coverage", None)
-    if isinstance(labels, Counter):
-        return labels
-    seen = getattr(machine_cls, "labels_seen", None)  # the worker machine's set
-    return Counter(seen or ())
+    return labels if isinstance(labels, Counter) else Counter()

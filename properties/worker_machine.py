@@ -34,12 +34,13 @@ import math
 from typing import Any, Callable, NamedTuple
 
 import torch
-from hypothesis import event, note as _hypothesis_note, strategies as st
+from hypothesis import note as _hypothesis_note, strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvgate.impl.worker import LOAD, STORE, OffloadWorker, TransferResult
 from kvgate.properties import bad_workers
+from kvgate.properties.coverage import Recorded
 
 DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "float16": torch.float16,
           "int32": torch.int32, "float32": torch.float32, "int64": torch.int64}
@@ -115,15 +116,39 @@ def _dedup(values):
     return out
 
 
-class WorkerMachine(RuleBasedStateMachine):
+def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
+    return lambda e: e["rule"] == f"submit_{kind}" and fact(e)
+
+
+# Coverage labels: predicates over the recorded history (properties/coverage.py).
+LABELS = {
+    **{f"{k} submitted": _submitted(k) for k in (STORE, LOAD)},
+    **{f"{k} with offset": _submitted(k, lambda e: e["offset"] > 0) for k in (STORE, LOAD)},
+    **{f"{k} over several chunks": _submitted(k, lambda e: e["chunks"] > 1)
+       for k in (STORE, LOAD)},
+    "empty transfer": lambda e: e["rule"].startswith("submit_") and e["blocks"] == 0,
+    "wait": lambda e: e["rule"] == "wait_then_get_finished" and e.get("waited", 0) > 0,
+    "failed job reported": lambda e: e.get("reported") is not None and e["failed"],
+    **{f"{k} reported": (lambda e, k=k: e.get("reported") == k and not e["failed"])
+       for k in (STORE, LOAD)},
+    **{f"refused: {d}": (lambda e, d=d: e["rule"] == "invalid_transfer" and e["defect"] == d)
+       for d in DEFECTS},
+}
+
+
+class WorkerMachine(Recorded, RuleBasedStateMachine):
     """Drives ``worker_factory`` alone; see the module docstring."""
 
     worker_factory: Callable[..., Any] = OffloadWorker
-    labels_seen: set[str] = set()  # coverage labels, shared by every run of this class
+    LABELS = LABELS
 
     def __init__(self):
         super().__init__()
         self.worker = None
+        self.history: list[dict] = []
+
+    def teardown(self):
+        self.count_labels()
 
     # ------------------------------------------------------------------ set-up
 
@@ -209,11 +234,6 @@ class WorkerMachine(RuleBasedStateMachine):
                 s_read.update(job.slots)
         return b_read, b_written, s_read, s_written
 
-    def _label(self, name: str) -> None:
-        if currently_in_test_context():
-            event(name)
-        type(self).labels_seen.add(name)
-
     def _choose(self, kind, picks, chunk_pick, offset_pick):
         """A transfer the worker must accept (no clash with unreported jobs), or None."""
         b_read, b_written, s_read, s_written = self._touched()
@@ -265,13 +285,7 @@ class WorkerMachine(RuleBasedStateMachine):
             effects = tuple((b, self.slot_label[s]) for b, s in zip(blocks, slots))
         self.pending[job_id] = _Pending(kind, tuple(blocks), tuple(slots), effects, fails)
         self.order[kind].append(job_id)
-        self._label(f"{kind} submitted")
-        if offset:
-            self._label(f"{kind} with offset")
-        if len(chunks) > 1:
-            self._label(f"{kind} over several chunks")
-        if not blocks:
-            self._label("empty transfer")
+        self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks))
 
     @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7))
     def submit_store(self, picks, chunk_pick, offset_pick):
@@ -304,7 +318,7 @@ class WorkerMachine(RuleBasedStateMachine):
 
     @rule()
     def get_finished(self):
-        self._collect(self.worker.get_finished())
+        self._collect(self.worker.get_finished(), "get_finished")
 
     @rule(picks=PICKS, everything=st.booleans(), strangers=st.booleans())
     def wait_then_get_finished(self, picks, everything, strangers):
@@ -314,13 +328,12 @@ class WorkerMachine(RuleBasedStateMachine):
         asked = waited + ([self.next_job + 1000] + self.used_ids[:1] if strangers else [])
         note(f"wait({asked})")
         self.worker.wait(asked)
-        self._collect(self.worker.get_finished())
+        self._collect(self.worker.get_finished(), "wait_then_get_finished")
         left = [j for j in waited if j in self.pending]
         assert not left, f"jobs {left} were waited for but get_finished did not report them"
-        if waited:
-            self._label("wait")
+        self.record("wait_then_get_finished", waited=len(waited))
 
-    def _collect(self, results) -> None:
+    def _collect(self, results, rule: str) -> None:
         assert isinstance(results, list), f"get_finished returned {type(results).__name__}"
         for r in results:
             assert isinstance(r, TransferResult), f"not a TransferResult: {r!r}"
@@ -340,13 +353,12 @@ class WorkerMachine(RuleBasedStateMachine):
                 f"job {r.job_id}: seconds={r.seconds!r}")
             self.order[job.kind].pop(0)
             del self.pending[r.job_id]
+            self.record(rule, reported=job.kind, failed=job.fails)
             if job.fails:
-                self._label("failed job reported")
                 continue
             apply = self._set_slot_label if job.kind == STORE else self._set_gpu_label
             for dest, label in job.effects:
                 apply(dest, label)
-            self._label(f"{job.kind} reported")
         if self.device.type == "cpu":
             assert not self.pending, (
                 f"jobs {sorted(self.pending)} are not reported, but CPU copies are synchronous")
@@ -373,7 +385,7 @@ class WorkerMachine(RuleBasedStateMachine):
         after = self._snapshot()
         for (where, a), (_, b) in zip(before, after):
             assert torch.equal(a, b), f"refused {kind} ({defect}) changed bytes of {where}"
-        self._label(f"refused: {defect}")
+        self.record("invalid_transfer", defect=defect)
 
     def _invalid(self, kind, defect, picks, chunk_pick, offset_pick):
         chosen = self._choose(kind, picks, chunk_pick, offset_pick)
@@ -469,7 +481,7 @@ def machine_for(factory: Callable[..., Any], name: str | None = None) -> type[Wo
     """The worker machine for ``factory(gpu_tensors, num_chunks, blocks_per_chunk)``."""
     name = name or f"{getattr(factory, '__name__', 'Worker')}Machine"
     cls = type(name, (WorkerMachine,), {"worker_factory": staticmethod(factory),
-                                        "labels_seen": set(), "__module__": __name__})
+                                        "__module__": __name__})
     cls.__qualname__ = name
     return cls
 
@@ -483,5 +495,5 @@ WritesBeforeValidatingMachine = machine_for(bad_workers.WritesBeforeValidating)
 BAD_MACHINES = {cls.__name__: globals()[f"{cls.__name__}Machine"]
                 for cls in bad_workers.BAD_WORKERS}  # worker name -> its machine
 
-__all__ = ["BAD_MACHINES", "LayerSpec", "WorkerLayout", "WorkerMachine", "machine_for",
+__all__ = ["BAD_MACHINES", "LABELS", "LayerSpec", "WorkerLayout", "WorkerMachine", "machine_for",
            "OffloadWorkerMachine", *(m.__name__ for m in BAD_MACHINES.values())]

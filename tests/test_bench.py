@@ -26,7 +26,7 @@ def test_bench_prints_every_table_and_writes_the_results_file(tmp_path):
     assert "every_offer_counts" in section[1]
     assert "manager vs model, impl:lru" in section[2]
     assert "| impl | lru |" in section[3]
-    assert "worker / plain index_copy_" in section[4]
+    assert "worker / fastest plain copy" in section[4]
     assert "64,000-key tracker" in section[5]
     for n in range(1, 6):
         assert "Goal" in section[n]

@@ -314,13 +314,15 @@ def test_cuda_store_sees_writes_queued_before_it_on_the_current_stream():
 
 
 def test_machine_passes_on_the_worker():
-    OffloadWorkerMachine.labels_seen.clear()
+    OffloadWorkerMachine.coverage.clear()
     run_state_machine_as_test(OffloadWorkerMachine)
     expected = {"store with offset", "load with offset", "store over several chunks",
                 "load over several chunks", "failed job reported", "wait", "store reported",
                 "load reported", "empty transfer"}
     expected |= {f"refused: {d}" for d in worker_machine.DEFECTS}
-    missing = expected - OffloadWorkerMachine.labels_seen
+    assert expected <= set(OffloadWorkerMachine.expected_labels())
+    missing = [label for label in OffloadWorkerMachine.expected_labels()
+               if not OffloadWorkerMachine.coverage.get(label)]
     assert not missing, f"the machine never reached {sorted(missing)}"
 
 
