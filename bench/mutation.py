@@ -266,7 +266,7 @@ def markdown(results: dict[str, dict]) -> str:
         out.append("")
         if result.get("note"):
             out += [f"Note: {result['note']}.", ""]
-        out.append("Killed tests: " + ", ".join(f"`{t}`" for t in result["tests"])
+        out.append("Tests that may kill: " + ", ".join(f"`{t}`" for t in result["tests"])
                    + ". Verdict counts from mutmut: "
                    + ", ".join(f"{k} {v}" for k, v in sorted(result["counts"].items())) + ".")
         out.append("")
