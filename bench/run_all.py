@@ -1,7 +1,7 @@
-"""Every benchmark, one command: prints five tables, each with its goal, and can write them to a
+"""Every benchmark, one command: prints six tables, each with its goal, and can write them to a
 results file with the date and a description of the machine.
 
-    python -m bench                                  # all five tables (about 15 minutes)
+    python -m bench                                  # all six tables (about 15 minutes)
     python -m bench --quick                          # shorter runs of the same tables
     python -m bench --out bench/results/DATE.md      # also write the tables to a file
 
@@ -15,6 +15,9 @@ results file with the date and a description of the machine.
    copy of the same bytes and a memory-bandwidth bound; goal: 0.9 or more of the fastest.
 5. Scaling (bench/manager_scaling.py): ``prepare_store`` per call at 100 and 100,000 chunks,
    and with trackers of 100 and 64,000 keys (that script's goal: large / small <= 1.5).
+6. Mutation score (bench/mutation.py): mutmut's mutants of impl killed by the state machines
+   alone, as recorded in bench/results/mutation.json (``--mutation-run``: run mutmut first, about
+   ten minutes); goal: 97% of the non-equivalent mutants (manager suite).
 
 Timings are wall-clock (``time.perf_counter``) unless a column says CPU; on a shared machine
 the load average is recorded next to them. Nothing here is asserted: the goals are reported.
@@ -37,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TABLES = (1, 2, 3, 4, 5)
+TABLES = (1, 2, 3, 4, 5, 6)
 
 
 class Report:
@@ -226,12 +229,30 @@ def table_scaling(report: Report, args) -> bool | None:
     return met
 
 
+def table_mutation(report: Report, args) -> bool | None:
+    from bench import mutation
+    if args.mutation_run:
+        mutation.main(["--run", "--max-children", str(args.mutation_workers)])
+    results = mutation.load_results()
+    report("From `bench/mutation.py` (mutmut 3; a mutant counts as killed only if a state "
+           "machine catches it; survivors classified in docs/mutation.md; "
+           + ("measured now" if args.mutation_run else "the committed result, "
+              "`--mutation-run` measures it again") + "):")
+    report()
+    report(mutation.table(results))
+    report()
+    met, text = mutation.goal_line(results)
+    report(f"Goal: {text}")
+    return met
+
+
 SECTIONS = {
     1: ("Bug finding", table_bug_finding),
     2: ("Machine throughput", table_throughput),
     3: ("Manager speed", table_manager_speed),
     4: ("Copy bandwidth", table_copy_bandwidth),
     5: ("Scaling", table_scaling),
+    6: ("Mutation score", table_mutation),
 }
 
 
@@ -242,7 +263,7 @@ def main(argv=None) -> int:
                     help="the shortest runs that print every table (for tests; figures "
                          "meaningless)")
     ap.add_argument("--out", help="write the tables, date and machine to this file")
-    ap.add_argument("--tables", default="1,2,3,4,5", help="which tables, e.g. 3,4")
+    ap.add_argument("--tables", default="1,2,3,4,5,6", help="which tables, e.g. 3,4")
     ap.add_argument("--seeds", type=int, help="table 1: seeds (default 10; --quick 3)")
     ap.add_argument("--shrink-seeds", type=int,
                     help="table 1: seeds with shrinking (default 3; --quick 1)")
@@ -253,6 +274,10 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm", default="vllm", help="table 3: vllm, or vllm=MODULE:ATTR")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="table 4: torch threads for both sides (0: torch's default)")
+    ap.add_argument("--mutation-run", action="store_true",
+                    help="table 6: run mutmut (python -m bench.mutation --run) instead of "
+                         "reading the committed result")
+    ap.add_argument("--mutation-workers", type=int, default=2, help="table 6: mutmut workers")
     args = ap.parse_args(argv)
     args.shrink_cap = args.shrink_cap or None
     args.level = "smoke" if args.smoke else "quick" if args.quick else "full"

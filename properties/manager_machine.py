@@ -39,6 +39,7 @@ the keys it names.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from itertools import permutations
 
@@ -85,10 +86,14 @@ N_SHORT = sum(1 for o in OFFERS[:N_DISTINCT] if len(o) <= 3)
 offer_keys = st.integers(0, len(OFFERS) - 1).map(lambda i: list(OFFERS[i]))
 distinct_keys = st.integers(0, N_DISTINCT - 1).map(lambda i: list(OFFERS[i]))
 some_keys = st.integers(0, N_SHORT - 1).map(lambda i: list(OFFERS[i]))  # 1 to 3 keys
-BAD_CALLS = tuple((kind, list(good), bad) for kind in ("prepare_load", "complete_load", "key type")
+BAD_CALLS = tuple((kind, list(good), bad)
+                  for kind in ("prepare_load", "complete_load", "key type", "context")
                   for bad in KEY_NAMES for good in dict.fromkeys(o for o in OFFERS if len(o) <= 2)
                   if bad not in good)
 bad_calls = st.integers(0, len(BAD_CALLS) - 1).map(lambda i: BAD_CALLS[i])
+# Configurations the model refuses; an exact target must too, naming the parameter.
+BAD_CONFIGS = (("num_chunks", -1), ("num_chunks", "2"), ("store_threshold", -1),
+               ("max_tracker_size", 0), ("cache_policy", "nope"))
 
 
 def name_of(key: bytes) -> str:
@@ -218,7 +223,40 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.contexts = Contexts(self.oracles[0].new_context)
         self.unreported_reset = [False] * instances
         self.max_victims = self.max_pinned = self.pushouts = 0
+        self.empty = None  # exact targets: a twin with no chunks, read with the stats
+        if not self.foreign:
+            self._check_construction(policy, store_threshold, max_tracker_size)
         self.record("configure", **self.config, instances=instances)
+
+    def _check_construction(self, policy, store_threshold, max_tracker_size):
+        """An exact target keeps the configuration it was given, can be built with no chunks
+        (its stats are read by ``read_stats``), and refuses a bad configuration (as the model
+        does) with an error that names it."""
+        t = self.oracles[0].target.manager
+        for attr, value in (("store_threshold", store_threshold), ("cache_policy", policy)):
+            got = getattr(t, attr, value)
+            assert got == value, f"target's {attr} is {got!r}, built with {value!r}"
+        self.empty = LockstepManager(
+            self.TARGET.make(0, policy, store_threshold, max_tracker_size),
+            Model(0, policy, store_threshold, max_tracker_size), key_name=name_of)
+        good = dict(num_chunks=1, cache_policy=policy, store_threshold=store_threshold,
+                    max_tracker_size=max_tracker_size)
+        for name, value in BAD_CONFIGS:
+            config = {**good, name: value}
+            try:
+                Model(config["num_chunks"], config["cache_policy"], config["store_threshold"],
+                      config["max_tracker_size"])
+            except ValueError:
+                pass
+            else:  # pragma: no cover - the table is wrong
+                raise AssertionError(f"the model accepts {name}={value!r}")
+            try:
+                self.TARGET.make(*config.values())
+            except Exception as exc:
+                assert re.search(rf"\b{name}\b", str(exc)), \
+                    f"{name}={value!r} refused with an error that does not name {name}: {exc}"
+            else:
+                raise AssertionError(f"the target accepts {name}={value!r}")
 
     @property
     def oracle(self) -> LockstepManager:
@@ -383,7 +421,14 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         if job.done:
             return
         if self._stale(job):
-            self.record("complete_store", success=success, stale=True)
+            # The copy finishes after the reset. Delivered when none of its keys is pending
+            # again (a later store's): the manager must ignore it, keys absent or ready alike.
+            oracle = self.oracles[job.inst]
+            late = not any(oracle.model.resident.get(k, {}).get("ref") == -1 for k in job.keys)
+            if late:
+                job.done = True
+                oracle.complete_store(job.keys, job.req.ctx, success=success)
+            self.record("complete_store", success=success, stale=True, delivered=late)
             return
         self._complete(job, success)
 
@@ -457,6 +502,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         """``get_stats()`` at a drawn point: what happened since the last read."""
         self._begin()
         self.oracle.get_stats()
+        if self.empty is not None:
+            self.empty.set_step(self.steps)
+            self.empty.get_stats()
         self.record("read_stats", unreported=self.unreported_reset[self.active])
         self.unreported_reset[self.active] = False
 
@@ -494,6 +542,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             keys = [KEYS[n] for n in good] + ["not-bytes"]
             oracle.refuse("prepare_store", (keys, req.ctx),
                           lambda: target.prepare_store(keys, req.ctx), "not-bytes")
+        elif kind == "context":  # a store needs a request context: it must name what it got
+            keys = [KEYS[n] for n in good]
+            oracle.refuse("prepare_store", (keys, "not-a-context"),
+                          lambda: target.prepare_store(keys, "not-a-context"), "not-a-context")
         else:
             refused = False
         self.record("bad_input", kind=kind, refused=refused)

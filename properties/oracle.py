@@ -227,6 +227,7 @@ class LockstepManager:
                           lambda: self.model.prepare_load(keys))
         self._record("prepare_load", (keys,), t, m)
         self._expect("prepare_load", (keys,), list(t), m, why="load chunk ids differ")
+        self._dirty.update(keys)  # ref counts moved
         return t
 
     def complete_load(self, keys: Iterable[bytes], ctx: Any = None) -> None:
@@ -234,6 +235,7 @@ class LockstepManager:
         self._call("complete_load", keys)
         self._both("complete_load", (keys,), lambda: self.target.complete_load(keys, ctx),
                    lambda: self.model.complete_load(keys))
+        self._dirty.update(keys)
 
     def prepare_store(self, keys: Iterable[bytes], ctx: Any) -> Any:
         keys = list(keys)
@@ -362,10 +364,18 @@ class LockstepManager:
         """Lookups of the keys whose residency may have changed; after an offer the tracker
         (equal to the model's, bounded, no count above its offerers); for exact targets also
         the policy's order (if it may have moved) and the pool."""
+        inspect = None if self.foreign else self._inspection()
         for k in self._dirty:
             t, m = self.target.lookup(k, None), self.model.lookup(k)
             if t != m:
                 raise self.diverge(f"lookup({self.key_name(k)!r})", t, m)
+            if inspect is not None:  # exact targets: the chunk id and ref count it reports
+                entry = self.model.resident.get(k)
+                want = (None, None) if entry is None else (entry["chunk"], entry["ref"])
+                got = tuple(fn(k) for fn in inspect)
+                if got != want:
+                    raise self.diverge(f"(chunk_of, ref_count)({self.key_name(k)!r})", got,
+                                       want)
         self._dirty.clear()
         if self._tracker_dirty:
             self._tracker_dirty = False
@@ -384,6 +394,13 @@ class LockstepManager:
                 show = lambda st: {k: v if k == "p" else [self.key_name(x) for x in v]  # noqa
                                    for k, v in st.items()}
                 raise self.diverge("policy order (least recent first)", show(order), show(want))
+
+    def _inspection(self) -> tuple[Callable, Callable] | None:
+        """An exact target's ``chunk_of`` and ``ref_count`` (impl's inspection helpers), if it
+        has both."""
+        manager = getattr(self.target, "manager", None)
+        fns = (getattr(manager, "chunk_of", None), getattr(manager, "ref_count", None))
+        return fns if all(callable(fn) for fn in fns) else None
 
     def _check_tracker(self, got: list | None) -> None:
         want = self.model.tracker_items()

@@ -18,18 +18,20 @@ def test_bench_prints_every_table_and_writes_the_results_file(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
     for number, title in enumerate(("Bug finding", "Machine throughput", "Manager speed",
-                                    "Copy bandwidth", "Scaling"), start=1):
+                                    "Copy bandwidth", "Scaling", "Mutation score"),
+                                   start=1):
         assert f"## {number}. {title}" in text
-    section = {n: part for n, part in enumerate(text.split("\n## ")[1:6], start=1)}
-    for n in (1, 2, 3):  # markdown tables of our own
+    section = {n: part for n, part in enumerate(text.split("\n## ")[1:7], start=1)}
+    for n in (1, 2, 3, 6):  # markdown tables of our own
         assert "|---" in section[n], section[n]
     assert "every_offer_counts" in section[1]
     assert "manager vs model, impl:lru" in section[2]
     assert "| impl | lru |" in section[3]
     assert "worker / fastest plain copy" in section[4]
     assert "64,000-key tracker" in section[5]
-    for n in range(1, 6):
+    assert "| manager |" in section[6]  # read from bench/results/mutation.json, not run
+    for n in range(1, 7):
         assert "Goal" in section[n]
     written = out.read_text()
     assert "platform:" in written and "CPU:" in written and "load average" in written
-    assert written.count("## ") == 6  # five tables and the goals
+    assert written.count("## ") == 7  # six tables and the goals
