@@ -41,11 +41,14 @@ EXACT_ONLY = ("chunk ids equal the model's", "evicted keys equal the model's",
 class Divergence(AssertionError):
     """The target and the model answered one call differently, or an invariant broke."""
 
-    def __init__(self, message: str, step: int = 0, call_no: int = 0, call: str = ""):
+    def __init__(self, message: str, step: int = 0, call_no: int = 0, call: str = "",
+                 last_call: str = ""):
         super().__init__(message)
         self.step = step
         self.call_no = call_no
-        self.call = call
+        self.call = call  # the call that answered differently, or the check that failed
+        self.last_call = last_call  # the latest call made to both sides (same as ``call``
+        # when a call's answers differed)
 
 
 def fmt_key(key: Any) -> str:
@@ -168,7 +171,9 @@ class LockstepManager:
                f"\n  target answered: {target}\n  model answered:  {model}"
                + (f"\n  ({why})" if why else "")
                + (f"\n calls before it:\n{recent}" if recent else ""))
-        return Divergence(msg, self.step, self.calls, what)
+        last = self._recent[-1] if self._recent else None
+        return Divergence(msg, self.step, self.calls, what,
+                          self._text(last[2], last[3]) if last else "")
 
     def _both(self, name: str, args: tuple, target_fn: Callable[[], Any],
               model_fn: Callable[[], Any]) -> tuple[Any, Any]:

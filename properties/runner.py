@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.statistics import collector
 
 from .profiles import default_profile
 
+PROFILE_DATABASE = object()  # ``run_machine(database=...)``: the profile's own database
 
 
 @dataclass
@@ -25,6 +27,11 @@ class RunResult:
     history: list[dict] = field(default_factory=list)
     labels: dict[str, int] = field(default_factory=dict)
     rules: frozenset[str] = frozenset()  # the machine's step rules (set-up rules excluded)
+    expected: tuple[str, ...] = ()  # the labels a passing run must hit (the machine's claim)
+    # Test cases per phase, from Hypothesis's statistics: "reused" (replayed from the example
+    # database), "generated" (valid new examples), "invalid" (rejected or overrun draws),
+    # "shrinking" (tried while shrinking a failure).
+    phases: dict[str, int] = field(default_factory=dict)
 
     @property
     def shrunk_steps(self) -> int:
@@ -49,15 +56,16 @@ def _program_lines(error: BaseException) -> list[str]:
 
 
 def run_machine(machine_cls, profile: str | None = None, seed: int | None = None,
-                max_examples: int | None = None, database=None,
+                max_examples: int | None = None, database=PROFILE_DATABASE,
                 **overrides) -> RunResult:
-    """Run ``machine_cls`` under ``profile``; never raises for a property failure."""
+    """Run ``machine_cls`` under ``profile``; never raises for a property failure.
+    ``database``: an example database, ``None`` for none, by default the profile's."""
     kwargs = dict(overrides)
     if max_examples is not None:
         kwargs["max_examples"] = max_examples
     if seed is not None:
         kwargs["derandomize"] = False
-    if database is not None:
+    if database is not PROFILE_DATABASE:
         kwargs["database"] = database
     # The profile's settings for this run only: the process-wide default stays as it was.
     settings = Settings(Settings.get_profile(profile or default_profile()), **kwargs)
@@ -89,8 +97,10 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
     test = lambda: run_state_machine_as_test(Counted, settings=settings)  # noqa: E731
     start = time.perf_counter()
     error = None
+    stats: list[dict] = []
     try:
-        test()
+        with collector.with_value(stats.append):
+            test()
     except Exception as exc:  # a property failure (or a target that broke)
         error = exc
     seconds = time.perf_counter() - start
@@ -99,7 +109,21 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
         examples=counts["examples"], steps=counts["steps"], error=error,
         program=_program_lines(error) if error else [],
         history=list(getattr(Counted, "last_history", None) or []),
-        labels=dict(_labels_of(Counted)), rules=_step_rules(machine_cls))
+        labels=dict(_labels_of(Counted)), rules=_step_rules(machine_cls),
+        expected=tuple(getattr(machine_cls, "expected_labels", tuple)()),
+        phases=_phases(stats[-1] if stats else {}))
+
+
+def _phases(stats: dict) -> dict[str, int]:
+    """Test cases per phase from Hypothesis's statistics dict."""
+    def cases(phase: str) -> list[dict]:
+        return list((stats.get(phase) or {}).get("test-cases") or [])
+
+    generated = cases("generate-phase")
+    return {"reused": len(cases("reuse-phase")),
+            "generated": sum(c.get("status") in ("valid", "interesting") for c in generated),
+            "invalid": sum(c.get("status") in ("invalid", "overrun") for c in generated),
+            "shrinking": len(cases("shrink-phase"))}
 
 
 def _step_rules(machine_cls) -> frozenset[str]:

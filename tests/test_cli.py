@@ -89,23 +89,25 @@ def test_impl_arc(capsys):
 def test_module_attr_target_is_checked_exactly(capsys):
     code, out, _ = check(capsys, "--target", "kvgate.impl.manager:OffloadingManager")
     assert code == 0, out
-    assert "skipped for foreign targets" not in out
+    assert "not checked for" not in out
 
 
 def test_foreign_target_names_the_skipped_properties(capsys):
-    code, out, _ = check(capsys, "--target", "foreign=kvgate.impl.manager:OffloadingManager")
+    spec = "foreign=kvgate.impl.manager:OffloadingManager"
+    code, out, _ = check(capsys, "--target", spec)
     assert code == 0, out
-    skipped = next(line for line in out.splitlines() if line.startswith("skipped for foreign"))
+    skipped = next(line for line in out.splitlines() if line.startswith("not checked for"))
+    assert skipped.startswith(f"not checked for {spec}: ")
     for name in EXACT_ONLY:
         assert name in skipped
-    assert "admission, skip-metric, safety and event properties ran" in skipped
+    assert "steps" not in skipped  # the target has every call: nothing else is left out
 
 
 def test_vllm_interface_target_through_the_adapter(capsys):
     code, out, _ = check(capsys, "--target", "vllm=tests.fake_vllm:FakeManager")
     assert code == 0, out
     assert "PASS  manager x vllm=tests.fake_vllm:FakeManager" in out
-    assert "skipped for foreign targets (vllm=tests.fake_vllm:FakeManager)" in out
+    assert "not checked for vllm=tests.fake_vllm:FakeManager: " in out
 
 
 def test_machine_all_runs_every_machine_on_every_target(capsys):
@@ -125,6 +127,23 @@ def test_seed_is_used_and_shown(capsys):
     assert "seed 7" in out.splitlines()[0]
 
 
+def test_header_states_the_run_and_the_summary_counts_what_it_lists(capsys):
+    code, out, _ = check(capsys, "--machine", "all")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("kvgate check: profile ci: each run generates 30 examples of "
+                               "up to 20 steps")
+    assert "no example database (the profile's)" in lines[0]
+    for run in (line for line in lines if line.startswith("PASS")):
+        assert "(30 new" in run  # what the header said each run would generate
+    for line in (line for line in lines if line.startswith("coverage (")):
+        claim, _, rest = line.partition(" required labels hit: ")
+        k, n = map(int, claim.rsplit(" ", 1)[1].split("/"))
+        shown, _, missed = rest.partition("; not hit: ")
+        hit = [] if shown == "none" else shown.split(", ")
+        assert len(hit) == k and len(missed.split(", ") if missed else []) == n - k, line
+
+
 def test_progress_display_can_be_forced(capsys):
     code, out, _ = check(capsys, "--progress")
     assert code == 0
@@ -141,6 +160,11 @@ def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing)
     assert "Divergence: divergence at step" in out and "prepare_store(" in out
     assert "  target: " in out and "  model:  " in out
     assert "state = ManagerMachine_mutant_every_offer_counts()" in out
+    program = out.split("--- counterexample: manager x ")[1].split("shrunk steps:\n")[1]
+    steps = [line.strip() for line in program.split("\n\n")[0].splitlines()]
+    at = next(i for i, line in enumerate(steps) if line.startswith("# diverged at call"))
+    assert steps[at - 1].startswith("state.") and steps[at + 1] == "state.teardown()"
+    assert "prepare_store([" in steps[at] and "requests_" in steps[at]
     assert out.rstrip().endswith("result: counterexample found (exit 1)")
 
 
@@ -292,6 +316,18 @@ def test_directory_database_shares_a_failure_with_the_next_run(capsys, tmp_path)
                 for code, out, _ in (first, second) for line in out.splitlines()
                 if line.startswith("FAIL")]
     assert examples[1] < examples[0]  # the stored failure is replayed first
+    assert "from the example database" in second[1]
+    assert "--no-database searches afresh" in second[1]
+
+
+def test_no_database_searches_afresh(capsys, tmp_path, monkeypatch):
+    db = tmp_path / "examples"
+    assert check(capsys, "--target", FAILING, "--database", str(db))[0] == 1
+    monkeypatch.setenv("KVGATE_DATABASE", str(db))
+    code, out, _ = check(capsys, "--target", FAILING, "--no-database")
+    assert code == 1
+    assert "; no example database;" in out.splitlines()[0]
+    assert "0 from the example database" in out and "note:" not in out
 
 
 def test_redis_database_shares_a_failure(capsys, monkeypatch):

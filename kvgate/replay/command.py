@@ -10,28 +10,16 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
+from kvgate.argtypes import non_negative, positive
 from kvgate.impl.traces import TraceError, load_trace
+from kvgate.outputs import OutputError, check_output, write_atomic
 
 from . import engine
 from .engine import ReplayReport, ReplaySettings, ReplayTargetError, replay, resolve
-from .plot import plot_sweep
+from .plot import PlotUnavailable, plot_sweep, require_matplotlib
 from .report import format_report, format_table, reports_json
 
 DESCRIPTION = engine.__doc__.split("\n\n")[1]
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -40,31 +28,31 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--target", action="extend", nargs="+", metavar="SPEC",
                    help="targets to replay against (impl, impl:arc, mutant:NAME, vllm, ...); "
                         "default impl")
-    p.add_argument("--threshold", action="extend", nargs="+", type=_non_negative, metavar="T",
+    p.add_argument("--threshold", action="extend", nargs="+", type=non_negative, metavar="T",
                    help=f"store_threshold values (default {d.store_threshold})")
-    p.add_argument("--num-chunks", action="extend", nargs="+", type=_non_negative, metavar="N",
+    p.add_argument("--num-chunks", action="extend", nargs="+", type=positive, metavar="N",
                    help=f"CPU tier sizes in chunks (default {d.num_chunks})")
-    p.add_argument("--tracker-size", type=_positive, default=d.max_tracker_size,
+    p.add_argument("--tracker-size", type=positive, default=d.max_tracker_size,
                    help="max_tracker_size (default %(default)s)")
     p.add_argument("--policy", choices=("lru", "arc"), help="cache policy (default: the "
                    "target's first: lru for impl, arc for impl:arc)")
-    p.add_argument("--blocks-per-chunk", type=_positive, default=d.blocks_per_chunk,
+    p.add_argument("--blocks-per-chunk", type=positive, default=d.blocks_per_chunk,
                    help="blocks per CPU chunk; one key per chunk (default %(default)s)")
-    p.add_argument("--block-size", type=_positive, default=d.block_size,
+    p.add_argument("--block-size", type=positive, default=d.block_size,
                    help="tokens per block: the trace's hash granularity (default %(default)s)")
-    p.add_argument("--max-running", type=_positive, default=d.max_running,
+    p.add_argument("--max-running", type=positive, default=d.max_running,
                    help="concurrent requests (default %(default)s)")
-    p.add_argument("--gpu-blocks", type=_positive, default=d.gpu_blocks,
+    p.add_argument("--gpu-blocks", type=positive, default=d.gpu_blocks,
                    help="GPU KV blocks; running out preempts (default %(default)s)")
-    p.add_argument("--prefill-tokens", type=_positive, default=d.prefill_tokens,
+    p.add_argument("--prefill-tokens", type=positive, default=d.prefill_tokens,
                    help="token budget per step, chunked prefill (default %(default)s)")
-    p.add_argument("--store-delay", type=_positive, default=d.store_delay,
+    p.add_argument("--store-delay", type=positive, default=d.store_delay,
                    help="steps until a store job completes (default %(default)s)")
-    p.add_argument("--load-delay", type=_positive, default=d.load_delay,
+    p.add_argument("--load-delay", type=positive, default=d.load_delay,
                    help="steps until a load job completes (default %(default)s)")
-    p.add_argument("--reset-every", type=_non_negative, default=d.reset_every,
+    p.add_argument("--reset-every", type=non_negative, default=d.reset_every,
                    help="reset the cache every N steps; 0: never (default %(default)s)")
-    p.add_argument("--fail-every", type=_non_negative, default=d.fail_every,
+    p.add_argument("--fail-every", type=non_negative, default=d.fail_every,
                    help="make every N-th store job's copy fail; 0: none (default %(default)s)")
     p.add_argument("--worker", choices=("null", "copy"), default=d.worker,
                    help="null: jobs complete after the delays, no bytes; copy: the GPU-copy "
@@ -78,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--ms-per-step", type=float, default=d.ms_per_step,
                    help="> 0: requests arrive by timestamp, one step = this many ms; "
                         "0: in trace order as running slots free up (default %(default)s)")
-    p.add_argument("--limit", type=_positive, help="replay only the first N requests")
+    p.add_argument("--limit", type=positive, help="replay only the first N requests")
     p.add_argument("--check", action="store_true",
                    help="check every manager call against the model; stop at the first "
                         "divergence")
@@ -86,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="report format (default %(default)s)")
     p.add_argument("--plot", metavar="FILE.png",
                    help="plot hit rate and cold admissions against tier size")
-    p.add_argument("--jobs", type=_positive, default=1,
+    p.add_argument("--jobs", type=positive, default=1,
                    help="runs in parallel processes (default %(default)s)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: when stderr is a terminal)")
@@ -154,17 +142,63 @@ class _Progress:
         return lambda done, tot: self._bar.update(task, completed=done, total=tot)
 
 
-def run_replay(args) -> int:
+class ReplayUsageError(Exception):
+    """A flag, path or value replay cannot use (exit 2, one line)."""
+
+
+def check_device(args) -> None:
+    """``--device`` names a torch device this torch can use, and only with the copy worker."""
+    if args.worker != "copy":
+        if args.device != ReplaySettings().device:
+            raise ReplayUsageError(f"--device {args.device}: only the copy worker uses a device "
+                                   "(add --worker copy)")
+        return
+    import torch
     try:
-        runs = _runs(args)
-        resolved = {t: resolve(t) for t in dict.fromkeys(t for t, _ in runs)}
-    except ReplayTargetError as e:
-        print(f"kvgate replay: {e}", file=sys.stderr)
-        return 2
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        raise ReplayUsageError(f"--device {args.device}: not a torch device (e.g. cpu, cuda, "
+                               "cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ReplayUsageError(f"--device {args.device}: this torch ({torch.__version__}) has "
+                               "no usable CUDA device")
+    try:
+        torch.empty(1, device=device)
+    except Exception as exc:  # noqa: BLE001 - any backend refusal is this one line
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ReplayUsageError(f"--device {args.device}: cannot allocate there: {first}") \
+            from None
+
+
+def check_args(args):
+    """Every flag, path and target checked before a run starts: the runs and the trace."""
+    for flag, path in (("--out", args.out), ("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output(flag, path)
+    if args.plot:
+        require_matplotlib()
+    check_device(args)
+    runs = _runs(args)
+    resolved = {t: resolve(t) for t in dict.fromkeys(t for t, _ in runs)}
     try:
         trace = load_trace(args.trace, args.limit)
-    except (OSError, TraceError) as e:
-        print(f"kvgate replay: {e}", file=sys.stderr)
+    except FileNotFoundError:
+        raise ReplayUsageError(f"{args.trace}: no such trace file") from None
+    except IsADirectoryError:
+        raise ReplayUsageError(f"{args.trace}: a directory, not a trace file") from None
+    except OSError as e:
+        raise ReplayUsageError(f"{args.trace}: cannot read it ({e.strerror or e})") from None
+    if not trace:
+        raise ReplayUsageError(f"{args.trace}: no requests in it (an empty trace)")
+    return runs, resolved, trace
+
+
+def run_replay(args) -> int:
+    try:
+        runs, resolved, trace = check_args(args)
+    except (ReplayTargetError, ReplayUsageError, OutputError, PlotUnavailable, TraceError) as e:
+        print(f"kvgate replay: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+              file=sys.stderr)
         return 2
     show = sys.stderr.isatty() if args.progress is None else args.progress
     reports: list[ReplayReport] = []
@@ -196,9 +230,9 @@ def run_replay(args) -> int:
                         f"chunks={r.settings.num_chunks}: {r.divergence}"
     print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        write_atomic(args.out, text + "\n")
     if args.json:
-        Path(args.json).write_text(reports_json(reports) + "\n")
+        write_atomic(args.json, reports_json(reports) + "\n")
     if args.plot:
         plot_sweep(reports, args.plot, title=Path(args.trace).name)
         print(f"plot written to {args.plot}", file=sys.stderr)

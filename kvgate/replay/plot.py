@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kvgate.outputs import write_with
+
 from .engine import ReplayReport
 
 
@@ -64,6 +66,7 @@ def plot_sweep(reports: Sequence[ReplayReport], path: str | Path, title: str = "
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    suffix = Path(path).suffix.lstrip(".") or "png"
+    write_with(path, lambda out: fig.savefig(out, dpi=120, format=suffix), binary=True)
     plt.close(fig)
     return path

@@ -1,0 +1,81 @@
+"""``kvgate``: gate a KV-cache offloading manager from the command line and in CI.
+
+    kvgate check [--target T ...] [--machine manager|scheduler|all] [--profile dev|ci|thorough]
+                 [--seed N] [--max-examples N] [--steps N] [--database DIR|redis://HOST:PORT]
+                 [--repro FILE] [--junit-xml FILE] [--history FILE]
+    kvgate mutants [--only NAME ...] [--machine M] [--jobs N] ...
+    kvgate list
+    kvgate replay TRACE ...        (a request trace through the scheduler driver)
+
+Exit codes: 0 every property holds (``mutants``: every variant caught), 1 a counterexample
+(``mutants``: a variant escaped), 2 a usage or target error (one line saying which).
+
+Targets (``properties.targets``): ``impl`` (default), ``impl:lru``, ``impl:arc``,
+``mutant:NAME``, ``MODULE:ATTR`` (a class or factory with kvgate's interface),
+``foreign=MODULE:ATTR`` (the same, its eviction and chunk-id choices its own), ``vllm`` (the
+installed vLLM's manager) and ``vllm=MODULE:ATTR`` (a class with vLLM's interface). MODULE is
+imported from the current directory too.
+
+On a failure: the shrunk steps, the answer that differed (target against model), and with
+``--repro FILE`` a pytest file that replays them; ``--history FILE`` writes each run's history
+(the counterexample's, for a failing run) as JSON lines; ``--junit-xml FILE`` one testcase per
+machine and target.
+
+The package: ``check``, ``mutants`` and ``listing`` are the subcommands (``kvgate replay`` is
+``kvgate.replay.command``); ``runs`` runs one machine against one target; ``options`` holds the
+flags they share and the example database; ``display`` prints; ``reports`` writes every report
+file; ``errors`` is what exits 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from kvgate.outputs import OutputError
+from kvgate.properties.targets import TargetError
+
+from . import check, listing, mutants
+from .errors import Parser, UsageError, one_line
+from .runs import build_machine, run_one
+
+__all__ = ["build_machine", "main", "make_parser", "run_one"]
+
+
+def make_parser() -> Parser:
+    from kvgate.replay.command import add_replay_parser
+    parser = Parser(prog="kvgate", description="Gate a KV-cache offloading manager: check it "
+                    "against the reference model with Hypothesis state machines.")
+    sub = parser.add_subparsers(dest="command", metavar="{check,mutants,list,replay}",
+                                parser_class=Parser)
+    check.add_parser(sub)
+    mutants.add_parser(sub)
+    listing.add_parser(sub)
+    add_replay_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = make_parser()
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "func", None) is None:
+            parser.print_help(sys.stderr)
+            return 2
+        return int(args.func(args) or 0)
+    except (UsageError, TargetError, OutputError) as exc:
+        text = one_line(str(exc))
+        print(text if text.startswith("kvgate") else f"kvgate: {text}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help, or a subcommand's own argparse exit
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except KeyboardInterrupt:
+        print("kvgate: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`kvgate list | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""``kvgate list``: the targets, catalogued variants, machines and profiles."""
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from kvgate.properties.profiles import PROFILES
+
+from .runs import choose_profile
+
+TARGET_KINDS = (
+    ("impl", "kvgate's manager, LRU and ARC (the default)"),
+    ("impl:lru, impl:arc", "kvgate's manager under one policy"),
+    ("mutant:NAME", "a known-bad variant from the catalogue (below)"),
+    ("MODULE:ATTR", "a class or factory with kvgate's interface, checked exactly"),
+    ("foreign=MODULE:ATTR", "the same, its eviction and chunk-id choices checked and adopted"),
+    ("vllm", "the installed vLLM's CPUOffloadingManager, through an adapter (foreign)"),
+    ("vllm=MODULE:ATTR", "a class with vLLM's interface, e.g. a patched manager (foreign)"),
+)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("list", help="name the targets, mutants and machines")
+    p.set_defaults(func=cmd_list)
+    return p
+
+
+def cmd_list(args) -> int:
+    from kvgate.properties.mutants import MUTANTS
+    from kvgate.properties.vllm_adapter import VLLM_MANAGER
+    now = choose_profile(None)
+    out = ["targets:"]
+    out += [f"  {spec:<22} {what}" for spec, what in TARGET_KINDS]
+    out.append("mutants (mutant:NAME):")
+    for name, mutant in MUTANTS.items():
+        doc = mutant.doc.split(". ")[0].rstrip(".")
+        pol = "" if tuple(mutant.policies) == ("lru", "arc") else f" [{', '.join(mutant.policies)}]"
+        out.append(f"  {name:<30} {doc}{pol}")
+    out += ["machines (--machine):",
+            "  manager    manager vs model in lockstep, step by step (default)",
+            "  scheduler  requests through the scheduler driver, every manager call checked",
+            "  all        every machine above",
+            f"profiles (--profile): {', '.join(PROFILES)} (now: {now})"]
+    try:
+        importlib.import_module(VLLM_MANAGER)
+        out.append("vllm: importable")
+    except Exception as exc:
+        out.append(f"vllm: not importable ({type(exc).__name__}); `kvgate check --target vllm` "
+                   "says how to install it")
+    print("\n".join(out))
+    return 0

@@ -1,0 +1,89 @@
+"""The options ``check`` and ``mutants`` share, and the example database they name."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from kvgate.argtypes import positive
+from kvgate.outputs import OutputError, check_directory, check_output
+from kvgate.properties.profiles import PROFILES
+from kvgate.properties.runner import PROFILE_DATABASE
+
+from .errors import UsageError
+from .runs import MACHINES
+
+OUTPUT_FLAGS = (("--repro", "repro"), ("--history", "history"), ("--junit-xml", "junit_xml"))
+
+
+def add_run_options(p: argparse.ArgumentParser, machines_default: str) -> None:
+    p.add_argument("--machine", choices=MACHINES + ("all",), default=machines_default,
+                   help="which machine checks the target (default %(default)s; all: every "
+                        "machine)")
+    p.add_argument("--profile", choices=PROFILES, default=None,
+                   help="Hypothesis profile (default: $HYPOTHESIS_PROFILE, else ci when $CI "
+                        "is set, else dev)")
+    p.add_argument("--seed", type=int, help="seed the search (repeats a dev run)")
+    p.add_argument("--max-examples", type=positive, metavar="N",
+                   help="examples per run (default: the profile's)")
+    p.add_argument("--steps", type=positive, metavar="N",
+                   help="steps per example (default: the profile's stateful_step_count)")
+    db = p.add_mutually_exclusive_group()
+    db.add_argument("--database", metavar="DIR|redis://HOST:PORT",
+                    default=os.environ.get("KVGATE_DATABASE") or None,
+                    help="Hypothesis example database to share failures through: a directory "
+                         "(shared or local) or Redis (default: $KVGATE_DATABASE, else the "
+                         "profile's)")
+    db.add_argument("--no-database", action="store_true",
+                    help="no example database: search afresh, replay and save nothing")
+    p.add_argument("--explain", action="store_true",
+                   help="run Hypothesis's explain phase on a failure (slow)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress display (default: on a terminal, not under CI)")
+    p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report")
+
+
+def database_of(args: argparse.Namespace):
+    """The example database the options name: ``None`` with ``--no-database``, the profile's
+    when none is named."""
+    if args.no_database:
+        return None
+    if not args.database:
+        return PROFILE_DATABASE
+    return open_database(args.database)
+
+
+def open_database(spec: str):
+    """``DIR`` -> a directory database (made if missing; it must be writable, or failures are
+    never saved); ``redis://HOST:PORT[/DB]`` -> a Redis one. ``UsageError`` (one line) when it
+    cannot be opened."""
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        try:
+            import redis
+            from hypothesis.extra.redis import RedisExampleDatabase
+        except ImportError:
+            raise UsageError(f"--database {spec}: needs the redis client "
+                             "(pip install 'kvgate[redis]')") from None
+        client = redis.Redis.from_url(spec, socket_connect_timeout=5)
+        try:
+            client.ping()
+        except Exception as exc:  # connection refused, auth, ...
+            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"--database {spec}: cannot reach it: {text}") from None
+        return RedisExampleDatabase(client)
+    from hypothesis.database import DirectoryBasedExampleDatabase
+    try:
+        check_directory("--database", spec)
+    except OutputError as exc:
+        raise UsageError(str(exc)) from None
+    return DirectoryBasedExampleDatabase(spec)
+
+
+def check_outputs(args, flags=OUTPUT_FLAGS) -> None:
+    """Every output path writable, before anything runs."""
+    for flag, attr in flags:
+        path = getattr(args, attr, None)
+        if path:
+            try:
+                check_output(flag, path)
+            except OutputError as exc:
+                raise UsageError(str(exc)) from None
