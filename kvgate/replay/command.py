@@ -22,6 +22,22 @@ from .report import format_report, format_table, reports_json
 DESCRIPTION = engine.__doc__.split("\n\n")[1]
 
 
+# Counts the replay takes as flags: (flag, type, ReplaySettings field, help).
+COUNTS = (
+    ("--tracker-size", positive, "max_tracker_size", "max_tracker_size"),
+    ("--blocks-per-chunk", positive, "blocks_per_chunk", "blocks per CPU chunk; one key per chunk"),
+    ("--block-size", positive, "block_size", "tokens per block: the trace's hash granularity"),
+    ("--max-running", positive, "max_running", "concurrent requests"),
+    ("--gpu-blocks", positive, "gpu_blocks", "GPU KV blocks; running out preempts"),
+    ("--prefill-tokens", positive, "prefill_tokens", "token budget per step, chunked prefill"),
+    ("--store-delay", positive, "store_delay", "steps until a store job completes"),
+    ("--load-delay", positive, "load_delay", "steps until a load job completes"),
+    ("--reset-every", non_negative, "reset_every", "reset the cache every N steps; 0: never"),
+    ("--fail-every", non_negative, "fail_every",
+     "make every N-th store job's copy fail; 0: none"),
+)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = ReplaySettings()
     p.add_argument("trace", help="a JSONL request trace (Mooncake format)")
@@ -32,28 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help=f"store_threshold values (default {d.store_threshold})")
     p.add_argument("--num-chunks", action="extend", nargs="+", type=positive, metavar="N",
                    help=f"CPU tier sizes in chunks (default {d.num_chunks})")
-    p.add_argument("--tracker-size", type=positive, default=d.max_tracker_size,
-                   help="max_tracker_size (default %(default)s)")
     p.add_argument("--policy", choices=("lru", "arc"), help="cache policy (default: the "
                    "target's first: lru for impl, arc for impl:arc)")
-    p.add_argument("--blocks-per-chunk", type=positive, default=d.blocks_per_chunk,
-                   help="blocks per CPU chunk; one key per chunk (default %(default)s)")
-    p.add_argument("--block-size", type=positive, default=d.block_size,
-                   help="tokens per block: the trace's hash granularity (default %(default)s)")
-    p.add_argument("--max-running", type=positive, default=d.max_running,
-                   help="concurrent requests (default %(default)s)")
-    p.add_argument("--gpu-blocks", type=positive, default=d.gpu_blocks,
-                   help="GPU KV blocks; running out preempts (default %(default)s)")
-    p.add_argument("--prefill-tokens", type=positive, default=d.prefill_tokens,
-                   help="token budget per step, chunked prefill (default %(default)s)")
-    p.add_argument("--store-delay", type=positive, default=d.store_delay,
-                   help="steps until a store job completes (default %(default)s)")
-    p.add_argument("--load-delay", type=positive, default=d.load_delay,
-                   help="steps until a load job completes (default %(default)s)")
-    p.add_argument("--reset-every", type=non_negative, default=d.reset_every,
-                   help="reset the cache every N steps; 0: never (default %(default)s)")
-    p.add_argument("--fail-every", type=non_negative, default=d.fail_every,
-                   help="make every N-th store job's copy fail; 0: none (default %(default)s)")
+    for flag, kind, field, what in COUNTS:
+        p.add_argument(flag, type=kind, default=getattr(d, field),
+                       help=f"{what} (default %(default)s)")
     p.add_argument("--worker", choices=("null", "copy"), default=d.worker,
                    help="null: jobs complete after the delays, no bytes; copy: the GPU-copy "
                         "worker moves real bytes (complete when copied; implies --verify) "
@@ -93,14 +92,9 @@ def add_replay_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _runs(args) -> list[tuple[str, ReplaySettings]]:
-    base = ReplaySettings(max_tracker_size=args.tracker_size, policy=args.policy,
-                          blocks_per_chunk=args.blocks_per_chunk, block_size=args.block_size,
-                          max_running=args.max_running, gpu_blocks=args.gpu_blocks,
-                          prefill_tokens=args.prefill_tokens, store_delay=args.store_delay,
-                          load_delay=args.load_delay, reset_every=args.reset_every,
-                          fail_every=args.fail_every, worker=args.worker,
-                          device=args.device, verify=args.verify,
-                          ms_per_step=args.ms_per_step, limit=args.limit)
+    counts = {field: getattr(args, flag[2:].replace("-", "_")) for flag, _, field, _ in COUNTS}
+    base = ReplaySettings(**counts, policy=args.policy, worker=args.worker, device=args.device,
+                          verify=args.verify, ms_per_step=args.ms_per_step, limit=args.limit)
     targets = args.target or ["impl"]
     thresholds = args.threshold or [base.store_threshold]
     sizes = args.num_chunks or [base.num_chunks]
