@@ -9,7 +9,7 @@ offers across a reset all come from the driver, as they do in an engine.
 Checked:
 
 - every manager call the driver makes, against the reference model, in lockstep
-  (``properties.lockstep.LockstepManager``: admitted keys, chunk ids, evictions, lookups, load
+  (``properties.oracle.LockstepManager``: admitted keys, chunk ids, evictions, lookups, load
   specs, events, stats);
 - end to end: every ready chunk holds the data of its key's blocks, and every block a running
   request computed or loaded holds its data (``NullWorker`` carries one tag per block);
