@@ -7,9 +7,19 @@ themselves. Loading the profiles also empties Hypothesis's pool of source-code c
 (``kvgate.properties.profiles``), so the examples a derandomized run draws do not depend on
 which modules a test process imported.
 """
+import pytest
+
 from kvgate.properties.profiles import load_profile
 
-load_profile()
+
+def pytest_configure(config):
+    """Load the profile before any test module is collected (some read ``settings.default`` at
+    import). An unknown ``HYPOTHESIS_PROFILE`` is a usage error: one line naming the variable
+    and the valid profiles, not a traceback."""
+    try:
+        load_profile()
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_runtest_makereport(item, call):
@@ -17,7 +27,6 @@ def pytest_runtest_makereport(item, call):
     after building every gated vLLM release), a vllm-marked test may not skip."""
     import os
 
-    import pytest
     if os.environ.get("KVGATE_VLLM_REQUIRED") != "1" or item.get_closest_marker("vllm") is None:
         return None
     if call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception):

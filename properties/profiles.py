@@ -60,7 +60,8 @@ def default_profile() -> str:
     name = os.environ.get("HYPOTHESIS_PROFILE")
     if name:
         if name not in PROFILES:
-            raise ValueError(f"HYPOTHESIS_PROFILE={name!r} is not one of {PROFILES}")
+            raise ValueError(f"HYPOTHESIS_PROFILE={name!r} is not a kvgate profile; "
+                             f"set it to one of {', '.join(PROFILES)}, or unset it")
         return name
     return "ci" if os.environ.get("CI") else "dev"
 

@@ -17,6 +17,11 @@ from kvgate.properties import bad_workers, worker_machine
 from kvgate.properties.worker_machine import BAD_MACHINES, OffloadWorkerMachine
 
 HAS_CUDA = torch.cuda.is_available()
+
+# The machine tests below claim coverage and catches, so they name their profile: ``ci``
+# (derandomized) with no example database, whatever profile the suite loaded
+# (HYPOTHESIS_PROFILE / CI) and whatever a local .hypothesis directory holds.
+MACHINE_SETTINGS = settings(settings.get_profile("ci"), derandomize=True, database=None)
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")])]
 
@@ -315,7 +320,7 @@ def test_cuda_store_sees_writes_queued_before_it_on_the_current_stream():
 
 def test_machine_passes_on_the_worker():
     OffloadWorkerMachine.coverage.clear()
-    run_state_machine_as_test(OffloadWorkerMachine)
+    run_state_machine_as_test(OffloadWorkerMachine, settings=MACHINE_SETTINGS)
     expected = {"store with offset", "load with offset", "store over several chunks",
                 "load over several chunks", "failed job reported", "wait", "store reported",
                 "load reported", "empty transfer"}
@@ -329,7 +334,7 @@ def test_machine_passes_on_the_worker():
 def _no_explain() -> settings:
     # The explain phase re-runs a found failure many times to annotate it (14-33 s per machine
     # here); generation and shrinking are the ci profile's own.
-    return settings(settings.default, phases=[p for p in settings.default.phases
+    return settings(MACHINE_SETTINGS, phases=[p for p in MACHINE_SETTINGS.phases
                                               if p != Phase.explain])
 
 
