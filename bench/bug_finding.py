@@ -73,21 +73,9 @@ class VariantRow:
     def found(self) -> list[FirstFailure]:
         return [f for f in self.first if f.found]
 
-    @property
-    def median_seconds(self) -> float:
-        return self._median([f.seconds for f in self.found])
-
-    @property
-    def median_cpu_seconds(self) -> float:
-        return self._median([f.cpu_seconds for f in self.found])
-
-    @property
-    def median_examples(self) -> float:
-        return self._median([f.examples for f in self.found])
-
-    @property
-    def median_length(self) -> float:
-        return self._median([f.length for f in self.found])
+    def median(self, field: str) -> float:
+        """The median of one field of the first failures found (``seconds``, ``examples``...)."""
+        return self._median([getattr(f, field) for f in self.found])
 
     @property
     def median_shrunk(self) -> float:
@@ -95,7 +83,7 @@ class VariantRow:
 
     @property
     def meets_goal(self) -> bool:
-        return len(self.found) == len(self.first) and self.median_seconds < GOAL_SECONDS
+        return len(self.found) == len(self.first) and self.median("seconds") < GOAL_SECONDS
 
 
 def _stamped(machine_cls, stamps: list):
@@ -182,7 +170,7 @@ def measure(names=None, seeds: int = 10, shrink_seeds: int = 3, shrink_cap: floa
             row.shrunk.append(shrunk_length(machine, seed, profile, shrink_cap, db))
         rows.append(row)
         if progress:
-            progress(f"{name}: {row.median_seconds:.2f} s, {row.median_examples:g} examples, "
+            progress(f"{name}: {row.median('seconds'):.2f} s, {row.median('examples'):g} examples, "
                      f"shrunk to {row.median_shrunk:g} steps")
     return rows
 
@@ -204,16 +192,16 @@ def table(rows: list[VariantRow], seeds: int, shrink_seeds: int,
                            for s in r.shrunk)
         shrunk = f"{_fmt(r.median_shrunk, 'g')} ({lengths})" if r.shrunk else "-"
         out.append(f"| {r.name} | {','.join(r.policies)} | {len(r.found)}/{len(r.first)} "
-                   f"| {_fmt(r.median_seconds, '.2f')} ({_fmt(r.median_cpu_seconds, '.2f')}) "
-                   f"| {_fmt(r.median_examples, 'g')} | {_fmt(r.median_length, 'g')} "
+                   f"| {_fmt(r.median('seconds'), '.2f')} ({_fmt(r.median('cpu_seconds'), '.2f')}) "
+                   f"| {_fmt(r.median('examples'), 'g')} | {_fmt(r.median('length'), 'g')} "
                    f"| {shrunk} | {'yes' if r.meets_goal else 'NO'} |")
     return "\n".join(out)
 
 
 def summary(rows: list[VariantRow]) -> tuple[bool, str]:
     slow = [r.name for r in rows if not r.meets_goal]
-    times = [r.median_seconds for r in rows]
-    cpu_slow = [r.name for r in rows if not (r.median_cpu_seconds < GOAL_SECONDS)]
+    times = [r.median("seconds") for r in rows]
+    cpu_slow = [r.name for r in rows if not (r.median("cpu_seconds") < GOAL_SECONDS)]
     met = not slow
     text = (f"bug finding: {len(rows) - len(slow)}/{len(rows)} variants found in a median under "
             f"{GOAL_SECONDS:g} s (worst median {max(times):.2f} s)"

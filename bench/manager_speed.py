@@ -22,15 +22,32 @@ with ``properties.vllm_adapter``'s types and constructor factory), so the adapte
 translation is not in its time. ``--vllm vllm=MODULE:ATTR`` replays into any class with
 vLLM's interface instead (``tests.fake_vllm:FakeManager`` exercises the path without vLLM).
 
+Each vLLM release lives in its own environment (``bench.release_envs``: the releases of
+``.ci/vllm-releases.txt`` under ``KVGATE_VLLM_ENVS`` or ``<repo>/.vllm``). With ``--vllm vllm``
+and at least one release environment built, each release is measured by a child process run in
+that release's python, which imports this tree's kvgate and replays the same trace into impl and
+into the release's manager, interleaved, exactly as in-process; the child prints its rows as
+JSON and the table gathers them, one impl/vLLM ratio per release and policy, each from one
+process. With no release environment, vLLM is imported in this process (or a line says why it
+is not measured).
+
+A manager without ``touch`` (vLLM 0.34.0 removed it) is not sent the trace's touch entries: for
+it they make no call, and the table says so. Every row's ops/s divides the calls that manager
+was actually sent, and the calls table lists them per operation.
+
     python -m bench.manager_speed [--quick] [--vllm SPEC]
 """
 from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import gc
 import itertools
+import json
+import platform
 import random
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -92,6 +109,8 @@ class Player:
         self.loads: deque = deque()  # (keys, context) of loads in flight, oldest first
         self.hits: list = []  # what the lookups since the last load found HIT
         self.calls = [0] * len(OP_NAMES)
+        # vLLM 0.34.0 has no touch: its touch entries make no call.
+        self.has_touch = callable(getattr(manager, "touch", None))
 
     def play(self, entry) -> bool:
         op, slot, arg = entry
@@ -124,6 +143,8 @@ class Player:
             loaded, ctx = self.loads.popleft()
             m.complete_load(loaded, ctx)
         elif op == TOUCH:
+            if not self.has_touch:
+                return False
             keys = self.keys
             m.touch([keys[k] for k in arg], self.contexts[slot])
         elif op == NEW:
@@ -292,6 +313,8 @@ class Row:
     per_op: dict
     error: str = ""
     effects: dict | None = None  # the trace's effects on impl (see ``generate``)
+    env: str = ""  # the release environment that ran this row ("": this process)
+    has_touch: bool = True
 
     @property
     def ops_per_s(self) -> float:
@@ -302,7 +325,8 @@ def run_once(contender: Contender, trace: Trace) -> Row:
     manager = contender.build(trace.policy)
     contexts = [contender.new_context(f"r{i}") for i in range(trace.contexts)]
     calls, seconds, per_op = replay(trace, manager, contender.keys, contexts)
-    return Row(contender.name, trace.policy, calls, seconds, per_op, effects=trace.effects)
+    return Row(contender.name, trace.policy, calls, seconds, per_op, effects=trace.effects,
+               has_touch=callable(getattr(manager, "touch", None)))
 
 
 LEVELS = {"full": (TraceSpec(), 3), "quick": (TraceSpec(ops=20_000), 1),
@@ -311,7 +335,67 @@ LEVELS = {"full": (TraceSpec(), 3), "quick": (TraceSpec(ops=20_000), 1),
 
 def measure(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"), progress=None):
     """(spec, rows, why vLLM is missing): each policy's trace replayed ``repeats`` times into
-    impl and into vLLM (where importable), the two interleaved; each keeps its best replay."""
+    impl and into vLLM, the two interleaved; each keeps its best replay. With ``vllm="vllm"``
+    and release environments built, one child per release measures both in that release's
+    python (``measure_releases``); otherwise both are measured here (``measure_here``)."""
+    if vllm == "vllm":
+        from bench.release_envs import release_pythons
+        found, missing = release_pythons()
+        if found:
+            return measure_releases(level, found, missing, policies, progress)
+    return measure_here(level, vllm, policies, progress)
+
+
+def measure_releases(level, found, missing, policies=("lru", "arc"), progress=None):
+    """Each release's rows, measured by a child in its environment (see ``child``)."""
+    from bench.release_envs import run_child
+    spec = LEVELS[level][0]
+    rows, why = [], []
+    for version, python in found:
+        if progress:
+            progress(f"vLLM {version}: measuring in {python}")
+        try:
+            answer = run_child(python, "bench.manager_speed",
+                               ["--child", level, "--policies", ",".join(policies)],
+                               progress=progress)
+        except RuntimeError as exc:
+            why.append(f"vLLM {version}: {exc}")
+            continue
+        if answer.get("why"):
+            why.append(f"vLLM {version}: {answer['why']}")
+        for fields in answer["rows"]:
+            row = Row(**fields)
+            row.env = f"vLLM {version} env (python {answer['python']})"
+            if row.manager != "impl":
+                row.manager = f"vLLM {version}"
+            rows.append(row)
+    why += [f"vLLM {v}: no environment at {python_dir(v)}" for v in missing]
+    return spec, rows, "; ".join(why)
+
+
+def python_dir(version: str) -> str:
+    from bench.release_envs import envs_dir
+    return str(envs_dir() / version)
+
+
+def child(level: str, policies: list[str]) -> int:
+    """In a release's environment: measure impl and that release's manager here, print the rows
+    and which kvgate.impl was imported as one JSON line."""
+    import kvgate.impl.manager as impl_manager
+
+    def progress(line):
+        print(line, file=sys.stderr, flush=True)
+
+    _, rows, why = measure_here(level, "vllm", policies, progress)
+    print(json.dumps({"rows": [dataclasses.asdict(r) for r in rows], "why": why,
+                      "impl_file": impl_manager.__file__,
+                      "python": platform.python_version()}))
+    return 0
+
+
+def measure_here(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"),
+                 progress=None):
+    """``measure`` in this process: vLLM imported here, or ``vllm=MODULE:ATTR``."""
     spec, repeats = LEVELS[level]
     rows, why = [], ""
     for policy in policies:
@@ -339,25 +423,52 @@ def measure(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"), pr
     return spec, rows, why
 
 
+def _impl_of(rows: list[Row], r: Row) -> Row | None:
+    """The impl row measured beside ``r``: same policy, same process."""
+    return next((x for x in rows if x.policy == r.policy and x.env == r.env
+                 and x.manager == "impl"), None)
+
+
 def table(spec: TraceSpec, rows: list[Row], why: str) -> str:
+    envs = any(r.env for r in rows)
     out = [f"Trace: {spec.describe()}; one trace per policy, written while impl plays it; "
-           "best of the replays.", "",
-           "| manager | policy | calls | seconds | ops/s | impl / this |",
-           "|---|---|---:|---:|---:|---:|"]
+           "best of the replays."
+           + (" Each release's rows come from one process in that release's environment "
+              "(vLLM and impl interleaved there); impl / this compares the two." if envs
+              else ""), "",
+           "| manager | policy | run in | calls | touch calls | seconds | ops/s | impl / this |",
+           "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        impl = next((x for x in rows if x.policy == r.policy and x.manager == "impl"), None)
+        impl = _impl_of(rows, r)
+        where = r.env or "this process"
         if r.error:
-            out.append(f"| {r.manager} | {r.policy} | - | - | - | failed: {r.error} |")
+            out.append(f"| {r.manager} | {r.policy} | {where} | - | - | - | - "
+                       f"| failed: {r.error} |")
             continue
         ratio = "-" if r is impl or impl is None else f"{impl.ops_per_s / r.ops_per_s:.2f}"
-        out.append(f"| {r.manager} | {r.policy} | {r.calls:,} | {r.seconds:.3f} "
-                   f"| {r.ops_per_s:,.0f} | {ratio} |")
-    if rows:
-        mix = ", ".join(f"{k} {v:,}" for k, v in rows[0].per_op.items())
-        out += ["", f"Calls (impl, {rows[0].policy}): {mix}."]
+        touch = f"{r.per_op.get('touch', 0):,}" if r.has_touch else "none (no touch)"
+        out.append(f"| {r.manager} | {r.policy} | {where} | {r.calls:,} | {touch} "
+                   f"| {r.seconds:.3f} | {r.ops_per_s:,.0f} | {ratio} |")
+    if any(not r.has_touch for r in rows):
+        out += ["", "A manager without touch is not sent the trace's touch entries: its trace "
+                "makes no touch calls, its recency is learnt from the other calls, and its "
+                "ops/s divides the calls it was sent."]
+    done = [r for r in rows if not r.error]
+    if done:
+        out += ["", "Calls made, per operation:", "",
+                "| manager | policy | run in | " + " | ".join(OP_NAMES) + " |",
+                "|---|---|---|" + "---:|" * len(OP_NAMES)]
+        for r in done:
+            where = r.env or "this process"
+            cells = " | ".join(f"{r.per_op.get(n, 0):,}" if n != "touch" or r.has_touch
+                               else "-" for n in OP_NAMES)
+            out.append(f"| {r.manager} | {r.policy} | {where} | {cells} |")
+    out.append("")
+    seen = set()
     for r in rows:
         e = r.effects
-        if r.manager == "impl" and e:
+        if r.manager == "impl" and e and r.policy not in seen:
+            seen.add(r.policy)
             full = (f"full from operation {e['tracker_full_at']:,}" if e["tracker_full_at"]
                     else "never full")
             out.append(f"The {r.policy} trace on impl: {e['stored']:,} keys stored, "
@@ -371,8 +482,8 @@ def table(spec: TraceSpec, rows: list[Row], why: str) -> str:
 def goal(rows: list[Row]) -> tuple[bool | None, str]:
     ratios = []
     for r in rows:
-        impl = next((x for x in rows if x.policy == r.policy and x.manager == "impl"), None)
-        if r is not impl and impl is not None:
+        impl = _impl_of(rows, r)
+        if r is not impl and impl is not None and not r.error:
             ratios.append(impl.ops_per_s / r.ops_per_s if r.ops_per_s else float("inf"))
     if not ratios:
         return None, ("manager speed: vLLM is not importable here, so the ratio (goal >= "
@@ -386,7 +497,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="20,000 operations, one replay")
     ap.add_argument("--vllm", default="vllm", help="vllm, or vllm=MODULE:ATTR")
+    ap.add_argument("--child", choices=sorted(LEVELS), help=argparse.SUPPRESS)
+    ap.add_argument("--policies", default="lru,arc", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:  # inside a release's environment (see measure_releases)
+        return child(args.child, args.policies.split(","))
     spec, rows, why = measure("quick" if args.quick else "full", args.vllm, progress=print)
     print(table(spec, rows, why))
     print(goal(rows)[1])

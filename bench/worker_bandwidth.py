@@ -242,8 +242,8 @@ def main(argv=None) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}; "
           f"{NUM_BLOCKS} blocks, {NUM_CHUNKS} chunks; GB/s from the median of {rounds} rounds "
           f"of {reps} calls; ratios are the worker's copy alone / the column")
-    head = (f"| case | dir | ids | MiB | worker copy alone | worker whole call | fastest plain "
-            f"(which) | memory bound | alone / plain | whole / plain | alone / bound |")
+    head = ("| case | dir | ids | MiB | worker copy alone | worker whole call | fastest plain "
+            "(which) | memory bound | alone / plain | whole / plain | alone / bound |")
     print(head)
     print("|" + "---|" * 3 + "---:|" * 8)
     ratios = []

@@ -15,12 +15,14 @@ import argparse
 import datetime
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.vllm_releases import gate_facts, releases, run_python  # noqa: E402
 PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
 # Why the gate is right where a release differs: the seed's claim each verdict rests on.
 ARGUMENTS = {
@@ -40,29 +42,10 @@ ARGUMENTS = {
 }
 
 
-def releases() -> list[str]:
-    lines = (ROOT / ".ci" / "vllm-releases.txt").read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-
-
 def run(python: Path, *args: str) -> tuple[int, str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYPOTHESIS_", "PYTEST_"))}
-    env["CI"] = "true"
     start = time.perf_counter()
-    done = subprocess.run([str(python), *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = run_python(python, *args)
     return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
-
-
-def gate_facts(out: str) -> dict:
-    steps = re.search(r"counterexample in (\d+) steps", out)
-    why = re.search(r"^  \((.*)\)$", out, re.MULTILINE)
-    note = re.search(r"^target (.*)$", out, re.MULTILINE)
-    block = re.search(r"^--- counterexample.*?(?=^summary:)", out, re.MULTILINE | re.DOTALL)
-    return {"steps": int(steps.group(1)) if steps else None,
-            "why": why.group(1) if why else "",
-            "note": note.group(1) if note else "",
-            "counterexample": block.group(0).rstrip() if block else ""}
 
 
 def fence(text: str, lang: str = "") -> str:

@@ -693,12 +693,8 @@ def make_parser() -> argparse.ArgumentParser:
     lst = sub.add_parser("list", help="name the targets, mutants and machines")
     lst.set_defaults(func=cmd_list)
 
-    try:
-        from kvgate.replay import add_replay_parser
-    except ImportError:
-        pass
-    else:
-        add_replay_parser(sub)
+    from kvgate.replay import add_replay_parser
+    add_replay_parser(sub)
     return parser
 
 

@@ -21,6 +21,11 @@ from dataclasses import dataclass
 from kvgate.impl.base import LookupResult, OffloadingEvent, PrepareStoreOutput, ReqContext
 
 POLICIES = ("lru", "arc")
+# The calls every manager must have, and the ones it may lack (vLLM 0.34.0 removed touch: its
+# policies learn recency from loads, stores and on_request_access).
+REQUIRED_CALLS = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
+                  "reset_cache", "take_events", "get_stats")
+OPTIONAL_CALLS = ("touch",)
 
 
 class TargetError(Exception):
@@ -43,18 +48,39 @@ class RequestHooks:
             hook(ctx)
 
 
-class NativeAdapter(RequestHooks):
-    """A manager that follows kvgate's own interface (impl/base.py)."""
+def missing_calls(manager_or_class) -> frozenset[str]:
+    """The optional calls a manager (or its class) lacks."""
+    return frozenset(n for n in OPTIONAL_CALLS
+                     if not callable(getattr(manager_or_class, n, None)))
 
-    REQUIRED = ("lookup", "prepare_load", "complete_load", "touch", "prepare_store",
-                "complete_store", "reset_cache", "take_events", "get_stats")
+
+def check_interface(manager_or_class, interface: str) -> frozenset[str]:
+    """``TargetError`` (one line) when a required call is missing; else the optional calls
+    that are."""
+    lacking = [n for n in REQUIRED_CALLS if not callable(getattr(manager_or_class, n, None))]
+    if lacking:
+        name = getattr(manager_or_class, "__name__", type(manager_or_class).__name__)
+        raise TargetError(f"{name} lacks {interface}: missing {', '.join(lacking)}")
+    return missing_calls(manager_or_class)
+
+
+class CapabilityAdapter(RequestHooks):
+    """What every adapter does with the calls a manager may lack: names them in ``missing``
+    (the oracle and the scheduler never send them) and refuses a direct call in one line."""
+
+    INTERFACE = "the manager interface"
 
     def __init__(self, manager):
-        missing = [name for name in self.REQUIRED if not callable(getattr(manager, name, None))]
-        if missing:
-            raise TargetError(f"{type(manager).__name__} lacks the manager interface: "
-                              f"missing {', '.join(missing)}")
+        self.missing = check_interface(manager, self.INTERFACE)
         self.manager = manager
+
+    def _lacks(self, call: str) -> None:
+        if call in self.missing:
+            raise TargetError(f"{type(self.manager).__name__} has no {call}")
+
+
+class NativeAdapter(CapabilityAdapter):
+    """A manager that follows kvgate's own interface (impl/base.py)."""
 
     def new_context(self, req_id: str):
         return ReqContext(req_id)
@@ -70,6 +96,7 @@ class NativeAdapter(RequestHooks):
         self.manager.complete_load(list(keys), ctx)
 
     def touch(self, keys, ctx=None) -> None:
+        self._lacks("touch")
         self.manager.touch(list(keys), ctx)
 
     def prepare_store(self, keys, ctx):

@@ -134,15 +134,23 @@ class Audit:
                 return
 
 
-class _AuditedManager:
-    """The manager, with offers, admissions, completions, loads and resets reported."""
+class _Audited:
+    """What it wraps, with every call it does not override passed through."""
 
-    def __init__(self, audit: Audit, manager: Any):
+    def __init__(self, audit: Audit, inner: Any):
         self._audit = audit
-        self._manager = manager
+        self._inner = inner
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._manager, name)
+        return getattr(self._inner, name)
+
+
+class _AuditedManager(_Audited):
+    """The manager, with offers, admissions, completions, loads and resets reported."""
+
+    @property
+    def _manager(self) -> Any:
+        return self._inner
 
     def prepare_store(self, keys, ctx):
         keys = list(keys)
@@ -173,15 +181,12 @@ class _AuditedManager:
         self._audit._reset()
 
 
-class _AuditedWorker:
+class _AuditedWorker(_Audited):
     """The worker, with load jobs checked when they complete."""
 
-    def __init__(self, audit: Audit, worker: Any):
-        self._audit = audit
-        self._worker = worker
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._worker, name)
+    @property
+    def _worker(self) -> Any:
+        return self._inner
 
     def submit_load(self, job_id, chunk_ids, gpu_blocks, offset: int = 0):
         self._audit._load_submitted(job_id, chunk_ids, gpu_blocks, offset)

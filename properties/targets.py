@@ -15,7 +15,7 @@ from __future__ import annotations
 from kvgate.impl.manager import OffloadingManager
 
 from .adapters import (POLICIES, NativeAdapter, RequestHooks, Target, TargetError,  # noqa: F401
-                       import_attr)
+                       import_attr, missing_calls)
 
 
 def resolve_target(spec: str) -> Target:
@@ -34,4 +34,8 @@ def resolve_target(spec: str) -> Target:
         return resolve_vllm(spec)
     foreign = spec.startswith("foreign=")
     path = spec.split("=", 1)[1] if foreign else spec
-    return Target(spec, import_attr(path), POLICIES, foreign=foreign)
+    factory = import_attr(path)
+    missing = missing_calls(factory) if isinstance(factory, type) else frozenset()
+    return Target(spec, factory, POLICIES, foreign=foreign, missing=missing,
+                  note=f"{spec}: lacks {', '.join(sorted(missing))} (never drawn)" if missing
+                  else "")

@@ -37,7 +37,8 @@ from typing import Any
 from kvgate.impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
                               WRITE_USAGE, LookupResult, OffloadingEvent, PrepareStoreOutput)
 
-from .adapters import POLICIES, RequestHooks, Target, TargetError, import_attr
+from .adapters import (POLICIES, CapabilityAdapter, Target, TargetError, check_interface,
+                       import_attr)
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
@@ -50,19 +51,6 @@ VLLM_CPU_PACKAGES = ("packaging psutil pyzmq urllib3 regex numpy transformers cb
                      "partial_json_parser llguidance")
 INSTALL_HINT = ("install it next to the CPU build of torch: pip install --no-deps "
                 "vllm==<version> && pip install " + VLLM_CPU_PACKAGES)
-
-
-# The calls every vLLM-style manager must have, and the ones a release may lack: 0.34.0 removed
-# touch (its policies learn recency from loads, stores and on_request_access).
-REQUIRED_CALLS = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
-                  "reset_cache", "take_events", "get_stats")
-OPTIONAL_CALLS = ("touch",)
-
-
-def missing_calls(manager_or_class: Any) -> frozenset[str]:
-    """The optional calls a manager (or its class) lacks."""
-    return frozenset(n for n in OPTIONAL_CALLS
-                     if not callable(getattr(manager_or_class, n, None)))
 
 
 def installed_vllm_version() -> str | None:
@@ -128,19 +116,13 @@ def _ids(spec: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-class VllmAdapter(RequestHooks):
+class VllmAdapter(CapabilityAdapter):
     """A manager with vLLM's interface, answering in kvgate's plain values."""
 
-    REQUIRED = REQUIRED_CALLS
-    OPTIONAL = OPTIONAL_CALLS
+    INTERFACE = "vLLM's manager interface"
 
     def __init__(self, manager, types: VllmTypes | None = None):
-        lacking = [name for name in self.REQUIRED if not callable(getattr(manager, name, None))]
-        if lacking:
-            raise TargetError(f"{type(manager).__name__} lacks vLLM's manager interface: "
-                              f"missing {', '.join(lacking)}")
-        self.manager = manager
-        self.missing = missing_calls(manager)
+        super().__init__(manager)
         self.types = types or vllm_types()
         self._theirs: dict[bytes, Any] = {}  # our key -> vLLM's key
         self._ours: dict[Any, bytes] = {}  # vLLM's key -> our key
@@ -205,8 +187,7 @@ class VllmAdapter(RequestHooks):
         self.manager.complete_load(self._keys(keys), ctx)
 
     def touch(self, keys, ctx=None) -> None:
-        if "touch" in self.missing:  # the oracle never asks; a direct caller gets one line
-            raise TargetError(f"{type(self.manager).__name__} has no touch")
+        self._lacks("touch")  # the oracle never asks; a direct caller gets one line
         self.manager.touch(self._keys(keys), ctx)
 
     def prepare_store(self, keys, ctx):
@@ -394,11 +375,8 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None) -> Target:
                 types = vllm_types()
     else:
         raise TargetError(f"target {spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
-    lacking = [n for n in REQUIRED_CALLS if not callable(getattr(cls, n, None))]
-    if lacking and isinstance(cls, type):
-        raise TargetError(f"target {spec!r}: {cls.__name__} lacks vLLM's manager interface: "
-                          f"missing {', '.join(lacking)}")
-    missing = missing_calls(cls) if isinstance(cls, type) else frozenset()
+    missing = (check_interface(cls, VllmAdapter.INTERFACE) if isinstance(cls, type)
+               else frozenset())
     return Target(spec, vllm_factory(cls, spec), POLICIES, foreign=True,
                   adapter=VllmAdapter.with_types(types), missing=missing,
                   note=describe(spec, cls, missing))

@@ -1,4 +1,4 @@
-"""Trace replay through the scheduler driver (kvgate/replay.py, impl/traces.py), on slices of
+"""Trace replay through the scheduler driver (kvgate/replay/, impl/traces.py), on slices of
 the two Mooncake traces (tests/data, Apache-2.0, see the README there)."""
 from __future__ import annotations
 

@@ -15,11 +15,10 @@ A release named in .ci/vllm-releases.txt without an entry here is only required 
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
-from tests.vllm_releases import probe, releases, run_in
+from tests.vllm_releases import gate_facts, probe, releases, run_in
 
 pytestmark = pytest.mark.vllm
 
@@ -38,12 +37,6 @@ def gate(version: str, *args: str):
     return done.returncode, done.stdout + done.stderr
 
 
-def counterexample(out: str) -> tuple[int, str]:
-    steps = int(re.search(r"counterexample in (\d+) steps", out).group(1))
-    why = re.search(r"^  \((.*)\)$", out, re.MULTILINE).group(1)
-    return steps, why
-
-
 @pytest.mark.parametrize("version", releases())
 def test_the_gate_gives_each_release_its_verdict(version):
     code, out = gate(version, "--target", "vllm")
@@ -52,9 +45,9 @@ def test_the_gate_gives_each_release_its_verdict(version):
         assert code in (0, 1), out
         return
     assert code == 1, out
-    steps, why = counterexample(out)
-    assert why == want["why"], out
-    assert steps <= want["max_steps"], out
+    facts = gate_facts(out)
+    assert facts["why"] == want["why"], out
+    assert facts["steps"] <= want["max_steps"], out
     assert f"vLLM {version}" in out
     if want["missing"]:
         assert f"lacks {', '.join(want['missing'])} (never drawn)" in out

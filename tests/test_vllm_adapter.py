@@ -9,7 +9,9 @@ import pytest
 
 from kvgate.cli import main
 from kvgate.impl.base import make_key
+from kvgate.impl.manager import OffloadingManager
 from kvgate.properties.adapters import TargetError
+from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_adapter import resolve_vllm
 
 NO_TOUCH = "vllm=tests.fake_vllm:FakeManagerWithoutTouch"
@@ -50,3 +52,17 @@ def test_the_gate_checks_a_manager_without_touch_and_says_so(capsys):
     assert "lacks touch (never drawn)" in out
     coverage = out.split("coverage (manager):")[1].split("\n")[0]
     assert re.search(r"\btouch \d", coverage) is None, coverage  # no touch step was drawn
+
+
+class ImplWithoutTouch(OffloadingManager):
+    """impl's manager with no touch: a native target lacking an optional call."""
+
+    touch = None
+
+
+def test_a_native_target_lacking_touch_is_checked_without_it(capsys):
+    target = resolve_target("tests.test_vllm_adapter:ImplWithoutTouch")
+    assert target.missing == frozenset({"touch"}) and "lacks touch" in target.note
+    code = main(["check", "--target", "tests.test_vllm_adapter:ImplWithoutTouch",
+                 "--profile", "ci", "--max-examples", "40", "--steps", "20"])
+    assert code == 0, capsys.readouterr().out

@@ -3,13 +3,17 @@
 ``.ci/vllm-releases.txt`` names the releases; ``.ci/vllm-venv VERSION DIR`` builds each one's
 environment (SPEC section 10), by default under ``.vllm/VERSION`` (``KVGATE_VLLM_ENVS`` names
 another folder). A test asks for a release with ``release_python(version)``: outside CI a release
-that is not built skips the test; in CI (which builds them all first) it is a failure, so no vLLM
-test skips there.
+that is not built skips the test; where ``KVGATE_VLLM_REQUIRED=1`` (.ci/run sets it, after building
+them all) conftest.py makes any vllm test's skip a failure, so no vLLM test skips in CI.
+
+The page docs/upstream.md is made from the same runs (docs/make_upstream.py uses ``releases``,
+``run_python`` and ``gate_facts`` from here).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -32,21 +36,37 @@ def release_python(version: str) -> Path:
     python = envs_dir() / version / "bin" / "python"
     if python.exists():
         return python
-    message = (f"vLLM {version} has no environment at {python.parent.parent}; "
-               f"build it with .ci/vllm-venv {version} {python.parent.parent}")
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    # Where KVGATE_VLLM_REQUIRED=1, conftest.py turns this skip into a failure.
+    pytest.skip(f"vLLM {version} has no environment at {python.parent.parent}; "
+                f"build it with .ci/vllm-venv {version} {python.parent.parent}")
 
 
-def run_in(version: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``python ARGS`` in the release's environment, from the repository root (so that
-    ``tests.upstream_patches`` imports), with no Hypothesis settings leaking in."""
+def run_python(python: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """``python ARGS`` from the repository root (so that ``tests.upstream_patches`` imports),
+    with no Hypothesis or pytest settings leaking in."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV"))}
     env["CI"] = "true"
-    return subprocess.run([str(release_python(version)), *args], cwd=ROOT, env=env,
+    return subprocess.run([str(python), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_in(version: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the release's environment (skipped where it is not built)."""
+    return run_python(release_python(version), *args, timeout=timeout)
+
+
+def gate_facts(out: str) -> dict:
+    """What ``kvgate check`` printed: the counterexample's steps and why it diverged (None and
+    "" for a pass), the target's note line and the counterexample block as printed."""
+    steps = re.search(r"counterexample in (\d+) steps", out)
+    why = re.search(r"^  \((.*)\)$", out, re.MULTILINE)
+    note = re.search(r"^target (.*)$", out, re.MULTILINE)
+    block = re.search(r"^--- counterexample.*?(?=^summary:)", out, re.MULTILINE | re.DOTALL)
+    return {"steps": int(steps.group(1)) if steps else None,
+            "why": why.group(1) if why else "",
+            "note": note.group(1) if note else "",
+            "counterexample": block.group(0).rstrip() if block else ""}
 
 
 def probe(version: str, code: str) -> dict:

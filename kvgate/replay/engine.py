@@ -1,0 +1,221 @@
+"""Replay a request trace through the scheduler driver, against any target of the gate.
+
+``kvgate replay TRACE [--target SPEC ...] [--threshold T ...] [--num-chunks N ...] [--check]``
+(the same as ``python -m kvgate replay TRACE ...``).
+
+The replay: requests arrive in trace order (back-pressure: at most ``--max-running`` wait at a
+time, or by timestamp with ``--ms-per-step``), are admitted while fewer than ``--max-running``
+run, prefill in chunks of at most ``--prefill-tokens`` tokens per step (a token budget shared by
+all running requests), then decode one token per step until ``output_length`` tokens. Each step
+offers every running request's new complete chunks; store jobs complete ``--store-delay`` steps
+later, loads ``--load-delay`` steps later; ``None`` is retried at the next step and once more
+after the request finishes; a request that needs a GPU block when none is free preempts the
+latest running request, which later resumes and re-offers from chunk 0 through the same
+context; ``--reset-every`` resets the cache every that many steps, and ``--fail-every`` makes
+every that many-th store copy fail. Every parameter is a flag.
+
+The report per run: requests, offers, admissions, cold admissions (chunks admitted while fewer
+than ``store_threshold`` distinct requests had offered them; a reset starts the requests'
+offers over, as SPEC A7 starts their counting over), skips (the manager's metric), allocation
+failures, preemptions, evictions, and the CPU tier's prefix hit rate (at each request's first
+admission: the chunks its lookup hit over the chunks it could have loaded). Store accounting:
+admitted = completed + failed + dropped by a reset + still in flight.
+
+With ``--check`` the reference model checks every manager call in lockstep and the run stops at
+the first divergence, printing the step and the call. Given several targets, thresholds or tier
+sizes, the runs form one comparison table; ``--plot FILE.png`` draws hit rate and cold
+admissions against tier size.
+
+This module is the engine (settings, the loop, the report's figures); ``kvgate.replay.report``
+formats reports as tables and JSON, ``kvgate.replay.plot`` draws them, and
+``kvgate.replay.command`` is the command line.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from kvgate.impl.scheduler import Scheduler
+from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
+
+from kvgate.properties.audit import Audit
+from kvgate.properties.oracle import Divergence, LockstepManager, fmt_key
+from kvgate.properties.null_worker import NullWorker
+from kvgate.properties.targets import TargetError, resolve_target
+
+
+# --------------------------------------------------------------------------- targets
+
+class ReplayTargetError(Exception):
+    """A target that cannot be resolved or built."""
+
+
+def resolve(spec: str):
+    """The gate's target (``properties.targets.resolve_target``), errors as ReplayTargetError."""
+    try:
+        return resolve_target(spec)
+    except TargetError as e:
+        raise ReplayTargetError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- settings, report
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """One run's parameters (each one a command-line flag)."""
+
+    num_chunks: int = 1024  # CPU tier size, in chunks
+    store_threshold: int = 2
+    max_tracker_size: int = 64_000
+    policy: str | None = None  # None: the target's first policy (lru for impl)
+    blocks_per_chunk: int = 1
+    block_size: int = TRACE_BLOCK_SIZE  # tokens per block (the trace's hash granularity)
+    max_running: int = 16
+    gpu_blocks: int = 1024
+    prefill_tokens: int = 8192  # token budget per step
+    store_delay: int = 2
+    load_delay: int = 1
+    reset_every: int = 0  # steps between cache resets; 0: never
+    fail_every: int = 0  # every N-th store job's copy fails; 0: none (null worker)
+    worker: str = "null"  # "null": no bytes, jobs complete after the delays; "copy": impl.worker
+    device: str = "cpu"  # the copy worker's KV tensors
+    verify: bool = False  # check data: loads bring their blocks, chunks hold their keys' blocks
+    ms_per_step: float = 0.0  # > 0: arrivals by timestamp; 0: back-pressure
+    limit: int | None = None  # first N requests of the trace
+
+
+@dataclass
+class ReplayReport:
+    target: str
+    settings: ReplaySettings
+    requests: int = 0
+    finished: int = 0
+    steps: int = 0
+    offers: int = 0
+    admitted: int = 0
+    cold_admissions: int = 0
+    skips: int = 0
+    allocation_failures: int = 0
+    retries: int = 0
+    finish_retries: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    resets: int = 0
+    stores_completed: int = 0
+    stores_failed: int = 0
+    stores_stale: int = 0
+    stores_in_flight: int = 0
+    loads: int = 0
+    prefix_chunks: int = 0
+    prefix_hits: int = 0
+    hit_rate: float = 0.0
+    seconds: float = 0.0
+    checked: bool = False
+    divergence: str | None = None
+    data_errors: int | None = None  # None: data not verified
+    data_error_examples: list[str] = field(default_factory=list)
+    cold_examples: list[str] = field(default_factory=list)
+
+    @property
+    def policy(self) -> str:
+        return self.settings.policy or "lru"
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["settings"] = asdict(self.settings)
+        return d
+
+    def accounting_ok(self) -> bool:
+        return self.admitted == (self.stores_completed + self.stores_failed + self.stores_stale
+                                 + self.stores_in_flight)
+
+
+# --------------------------------------------------------------------------- the replay
+
+def make_worker(s: ReplaySettings, verify: bool):
+    """The worker ``s.worker`` names: the copy worker on ``s.device``, else the null worker."""
+    if s.worker == "copy":
+        from kvgate.properties.tagged_worker import TaggedCopyWorker
+        return TaggedCopyWorker(s.gpu_blocks, s.num_chunks, s.blocks_per_chunk, device=s.device)
+    return NullWorker(delay=s.store_delay, blocks_per_chunk=s.blocks_per_chunk,
+                      load_delay=s.load_delay, fail_every=s.fail_every, track_data=verify)
+
+
+def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
+           settings: ReplaySettings = ReplaySettings(), *, check: bool = False,
+           progress: Callable[[int, int], None] | None = None,
+           worker: Any | None = None) -> ReplayReport:
+    """Replay ``trace`` against ``target`` (a spec or a resolved target) under ``settings``.
+    ``worker``: a worker to use instead of the one ``settings.worker`` names."""
+    s = settings
+    tgt = resolve(target) if isinstance(target, str) else target
+    policy = s.policy or tgt.policies[0]
+    s = replace(s, policy=policy)
+    if s.limit is not None:
+        trace = trace[:s.limit]
+    manager = tgt.make(s.num_chunks, policy, s.store_threshold, s.max_tracker_size)
+    proxy = None
+    if check:
+        from kvgate.model.cache import Model
+        proxy = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
+                                               s.max_tracker_size),
+                                foreign=getattr(tgt, "foreign", False))
+        manager = proxy
+    verify = s.verify or s.worker == "copy"
+    if worker is None:
+        worker = make_worker(s, verify)
+    audit = Audit(manager, worker, s.store_threshold, s.blocks_per_chunk, data=verify)
+
+    def on_step(step: int) -> None:
+        audit.set_step(step)
+        if proxy is not None:
+            proxy.set_step(step)
+
+    sched = Scheduler(audit.manager, audit.worker, block_size=s.block_size,
+                      blocks_per_chunk=s.blocks_per_chunk, num_gpu_blocks=s.gpu_blocks,
+                      max_running=s.max_running, max_tokens_per_step=s.prefill_tokens,
+                      on_step=on_step)
+    report = ReplayReport(getattr(tgt, "spec", str(target)), s, checked=check)
+    total = len(trace)
+    started = time.perf_counter()
+    nxt = 0
+    try:
+        while True:
+            if s.ms_per_step > 0:
+                now_ms = sched.step_no * s.ms_per_step
+                while nxt < total and trace[nxt].timestamp <= now_ms:
+                    audit.expect(sched.add_request(trace[nxt].to_request(f"r{nxt}", s.block_size)))
+                    nxt += 1
+            else:
+                while nxt < total and len(sched.waiting) < s.max_running:
+                    audit.expect(sched.add_request(trace[nxt].to_request(f"r{nxt}", s.block_size)))
+                    nxt += 1
+            if nxt >= total and sched.idle:
+                break
+            sched.step()
+            if s.reset_every and sched.step_no % s.reset_every == 0:
+                sched.reset()
+            if progress is not None and not sched.step_no & 255:
+                progress(sched.counters.finished, total)
+    except Divergence as e:
+        report.divergence = str(e)
+    report.seconds = time.perf_counter() - started
+    if progress is not None:
+        progress(sched.counters.finished, total)
+    c = sched.counters
+    report.cold_admissions = audit.cold_admissions
+    for name in ("requests", "finished", "steps", "offers", "admitted",
+                 "skips", "allocation_failures", "retries", "finish_retries", "preemptions",
+                 "evictions", "resets", "stores_completed", "stores_failed", "stores_stale",
+                 "loads", "prefix_chunks", "prefix_hits"):
+        setattr(report, name, getattr(c, name))
+    report.stores_in_flight = c.stores_in_flight()
+    if verify:
+        errors = audit.data_errors + audit.stored_data_errors()
+        report.data_errors = len(errors)
+        report.data_error_examples = errors[:5]
+    report.hit_rate = c.hit_rate
+    report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in audit.cold[:5]]
+    return report
