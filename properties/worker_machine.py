@@ -77,8 +77,8 @@ def worker_layouts() -> st.SearchStrategy[WorkerLayout]:
     return st.builds(
         WorkerLayout,
         layers=st.lists(layer_specs(), min_size=1, max_size=3).map(tuple),
-        num_gpu_blocks=st.integers(1, 10),
-        num_chunks=st.integers(1, 6),
+        num_gpu_blocks=st.one_of(st.integers(1, 10), st.integers(6, 12)),
+        num_chunks=st.one_of(st.integers(1, 6), st.integers(3, 8)),
         blocks_per_chunk=st.sampled_from([1, 2, 4, 3]),
     )
 
@@ -91,10 +91,14 @@ _COPY_ROUTINES = ("_copy_cpu", "_copy_cuda")  # what copy_raises replaces on the
 CTOR_DEFECTS = ("tensor_not_list", "not_a_sequence", "no_layers", "num_chunks_type",
                 "num_chunks_negative", "bpc_type", "bpc_zero", "layer_not_tensor", "layer_0d",
                 "block_count", "device", "no_blocks", "empty_pages", "block_not_contiguous",
-                "blocks_overlap")
-CTOR_ACCEPTED = ("zero_chunks", "flat_layer_default_bpc")
+                "blocks_overlap", "not_byte_viewable")
+CTOR_ACCEPTED = ("zero_chunks", "flat_layer_default_bpc", "one_block_any_stride")
 DEFECTS = ("chunk_count", "gpu_block_range", "chunk_range", "negative_id", "repeated_block",
-           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "hazard")
+           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "not_a_sequence",
+           "hazard")
+# How an accepted transfer passes its ids: a list, a tuple (then, at offset 0, without the
+# offset argument: its default is 0), or a 1-d int64 tensor (as vLLM holds block ids).
+ID_FORMS = ("list", "tuple", "tensor")
 
 
 def note(text: str) -> None:
@@ -137,6 +141,12 @@ def _longest_run(blocks, slots, kind) -> int:
     return best
 
 
+def _mixed(blocks, slots) -> bool:
+    """A transfer with a run of at least 4 positions where both ids go up by one and also
+    positions outside it (what _copy_cpu splits into slices and single rows)."""
+    return 4 <= _longest_run(blocks, slots, None) < len(blocks)
+
+
 def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
     return lambda e: e["rule"] == f"submit_{kind}" and fact(e)
 
@@ -149,6 +159,10 @@ LABELS = {
        for k in (STORE, LOAD)},
     "empty transfer": lambda e: e["rule"].startswith("submit_") and e["blocks"] == 0,
     "long run in a transfer": lambda e: e["rule"].startswith("submit_") and e["run"] >= 4,
+    "long run among scattered ids": lambda e: e["rule"].startswith("submit_") and e["mixed"],
+    "ids as a tensor": lambda e: e["rule"].startswith("submit_") and e["form"] == "tensor",
+    "default offset": lambda e: (e["rule"].startswith("submit_") and e["form"] == "tuple"
+                                 and e["offset"] == 0),
     "whole transfer one run": lambda e: (e["rule"].startswith("submit_")
                                          and e["run"] == e["blocks"] >= 4),
     "copy raised, reported": lambda e: e.get("reported") is not None and e.get("raised"),
@@ -210,6 +224,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.bytes_per_block = sum(s.page_bytes for s in layout.layers)
         self.tensors = tensors
         self.worker = self.worker_factory(tensors, self.n_chunks, self.bpc)
+        assert getattr(self.worker, "last_error", None) is None, (
+            f"a new worker's last_error is {self.worker.last_error!r}: no copy has raised yet")
         self.pending: dict[int, _Pending] = {}
         self.order: dict[str, list[int]] = {STORE: [], LOAD: []}
         self.used_ids: list[int] = []
@@ -264,11 +280,14 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 s_read.update(job.slots)
         return b_read, b_written, s_read, s_written
 
-    def _choose(self, kind, picks, chunk_pick, offset_pick, run=0):
+    def _choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None):
         """A transfer the worker must accept (no clash with unreported jobs), or None. With
         ``run > 0`` the transfer holds a stretch of up to ``run`` consecutive free blocks
-        (inserted among the picked ones at position ``len(picks) // 2``) and its chunks go
-        up from ``chunk_pick`` without a turn, so blocks and sub-blocks advance together."""
+        (inserted among the picked ones at position ``len(picks) // 2``) and its chunks, by
+        ``chunk_pick // len(usable chunks) % 3``: go up from the lowest without a turn (the
+        sub-blocks advance with the stretch), go up from ``chunk_pick`` and wrap round once (a
+        run of both ids that breaks where the chunks wrap, among scattered positions), or go
+        down (sub-blocks that advance only inside a chunk while the blocks run on)."""
         b_read, b_written, s_read, s_written = self._touched()
         bpc = self.bpc
         if kind == STORE:
@@ -284,7 +303,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         offset = offset_pick % bpc
         picked = [blocks_ok[p % len(blocks_ok)] for p in picks]
         if run:
-            first = blocks_ok[chunk_pick % len(blocks_ok)]
+            first = blocks_ok[(chunk_pick if stretch_pick is None else stretch_pick)
+                              % len(blocks_ok)]
             stretch = [first]
             while len(stretch) < run and stretch[-1] + 1 in blocks_ok:
                 stretch.append(stretch[-1] + 1)
@@ -296,17 +316,19 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         need = math.ceil((offset + len(blocks)) / bpc) if blocks else 0
         start = chunk_pick % len(chunks_ok)
         order = chunks_ok[start:] + chunks_ok[:start]
-        if run:
+        lap = chunk_pick // len(chunks_ok)
+        if run and lap % 3 == 0:
             order = sorted(order)
-        elif chunk_pick // len(chunks_ok) % 2:
+        elif (run and lap % 3 == 2) or (not run and lap % 2):
             order.reverse()
         chunks = order[:need]
         return blocks, chunks, offset
 
     # ------------------------------------------------------------------ rules
 
-    def _submit(self, kind, picks, chunk_pick, offset_pick, run=0) -> None:
-        chosen = self._choose(kind, picks, chunk_pick, offset_pick, run)
+    def _submit(self, kind, picks, chunk_pick, offset_pick, run=0, form="list",
+                stretch_pick=None) -> None:
+        chosen = self._choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick)
         if chosen is None:
             note(f"no {kind} possible now")
             return
@@ -315,12 +337,18 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         fails = self.fail_budget > 0
         raises = self.raise_next and not fails
         note(f"job {job_id}: {kind} gpu_blocks={blocks} chunk_ids={chunks} offset={offset}"
+             + (f" (ids as a {form})" if form != "list" else "")
              + (" (injected failure)" if fails else "") + (" (its copy raises)" if raises else ""))
+        if form == "tensor":
+            ids = (torch.tensor(blocks, dtype=torch.int64), torch.tensor(chunks, dtype=torch.int64))
+        else:
+            ids = (list(blocks), list(chunks)) if form == "list" else (tuple(blocks), tuple(chunks))
+        extra = () if form == "tuple" and offset == 0 else (offset,)  # default offset is 0
         start = time.perf_counter()
         if kind == STORE:
-            self.worker.submit_store(job_id, blocks, chunks, offset)
+            self.worker.submit_store(job_id, ids[0], ids[1], *extra)
         else:
-            self.worker.submit_load(job_id, chunks, blocks, offset)
+            self.worker.submit_load(job_id, ids[1], ids[0], *extra)
         call_seconds = time.perf_counter() - start
         if raises:
             self.raise_next = False
@@ -340,15 +368,27 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                                         fails or raises, raises, call_seconds)
         self.order[kind].append(job_id)
         self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks),
-                    run=_longest_run(blocks, slots, kind), raises=raises)
+                    run=_longest_run(blocks, slots, kind), raises=raises, form=form,
+                    mixed=_mixed(blocks, slots))
 
-    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN)
-    def submit_store(self, picks, chunk_pick, offset_pick, run):
-        self._submit(STORE, picks, chunk_pick, offset_pick, run)
+    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
+          form=st.sampled_from(ID_FORMS))
+    def submit_store(self, picks, chunk_pick, offset_pick, run, form):
+        self._submit(STORE, picks, chunk_pick, offset_pick, run, form)
 
-    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN)
-    def submit_load(self, picks, chunk_pick, offset_pick, run):
-        self._submit(LOAD, picks, chunk_pick, offset_pick, run)
+    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
+          form=st.sampled_from(ID_FORMS))
+    def submit_load(self, picks, chunk_pick, offset_pick, run, form):
+        self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
+
+    @rule(kind=st.sampled_from([STORE, LOAD]), run=st.integers(4, 8),
+          picks=st.lists(PICK, min_size=1, max_size=4), stretch_pick=PICK, chunk_pick=PICK,
+          offset_pick=st.integers(0, 7))
+    def submit_mixed(self, kind, run, picks, stretch_pick, chunk_pick, offset_pick):
+        """A transfer that holds a stretch of 4 or more consecutive blocks among scattered ones
+        (the CPU path copies the stretch as one slice where the sub-blocks advance with it, and
+        the other positions row by row; _choose says how the chunks are ordered)."""
+        self._submit(kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick)
 
     @rule()
     def copy_raises(self):
@@ -517,16 +557,29 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             job_id = self.used_ids[offset_pick % len(self.used_ids)]
             names = ("job_id", str(job_id))
         elif defect == "not_an_int":
-            which = offset_pick % 3
+            which = offset_pick % 5
             if which == 0:
                 job_id = str(job_id)
                 names = ("job_id", repr(job_id))
             elif which == 1:
                 blocks[-1] = blocks[-1] + 0.5
                 names = ("gpu_blocks", str(blocks[-1]))
-            else:
+            elif which == 2:
                 offset = True
                 names = ("offset", "True")
+            elif which == 3:
+                chunks[-1] = None
+                names = ("chunk_ids", "None")
+            else:
+                blocks[0] = str(blocks[0])
+                names = ("gpu_blocks", repr(blocks[0]))
+        elif defect == "not_a_sequence":  # the whole list replaced by something that is not one
+            bad = (len(blocks), None, "".join(map(str, blocks)), float(len(chunks)))[
+                offset_pick % 4]
+            if offset_pick // 4:
+                chunks, names = bad, ("chunk_ids", repr(bad))
+            else:
+                blocks, names = bad, ("gpu_blocks", repr(bad))
         elif defect == "hazard":
             other = self.pending[live[(picks or [0])[0] % len(live)]]
             slot, block = other.slots[0], other.blocks[0]
@@ -591,8 +644,13 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         elif case == "blocks_overlap":
             flat = tensors[i].new_zeros(n + 2)
             tensors[i], names = flat.as_strided((n, 3), (1, 1)), (layer, "overlap")
+        elif case == "not_byte_viewable":  # a conjugate view cannot be seen as other dtypes
+            tensors[i] = tensors[i].new_zeros((n, 2), dtype=torch.complex64).conj()
+            names = (layer,)
         elif case == "zero_chunks":
             args[1] = 0
+        elif case == "one_block_any_stride":  # one block: its stride is never used
+            args[0] = tensors = [t.new_zeros(3).as_strided((1, 3), (1, 1)) for t in tensors]
         elif case == "flat_layer_default_bpc":
             tensors[i] = tensors[i].new_zeros(n)  # one element per block
             args = args[:2]
@@ -604,6 +662,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             assert worker.page_bytes == pages, (case, worker.page_bytes, pages)
             shapes = [tuple(c.shape) for c in worker.cpu_tensors]
             assert shapes == [(args[1], p * bpc) for p in pages], (case, shapes)
+            n = tensors[0].shape[0]
             assert [tuple(g.shape) for g in worker.gpu_pages] == [(n, p) for p in pages], case
             worker.submit_store(0, [], [])
             assert [(r.job_id, r.success, r.bytes) for r in worker.get_finished()] == [
