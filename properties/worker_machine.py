@@ -189,7 +189,13 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.history: list[dict] = []
 
     def teardown(self):
+        """The example's last jobs are collected and checked too (else a wrong copy in the
+        last job after the final get_finished would go unseen)."""
         self.count_labels()
+        if self.worker is not None and self.pending:
+            self.worker.wait(list(self.pending))
+            self._collect(self.worker.get_finished(), "teardown")
+            self.bytes_match_model()
 
     # ------------------------------------------------------------------ set-up
 
@@ -280,7 +286,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 s_read.update(job.slots)
         return b_read, b_written, s_read, s_written
 
-    def _choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None):
+    def _choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None,
+                pattern="run", chunk_mode=None):
         """A transfer the worker must accept (no clash with unreported jobs), or None. With
         ``run > 0`` the transfer holds a stretch of up to ``run`` consecutive free blocks
         (inserted among the picked ones at position ``len(picks) // 2``) and its chunks, by
@@ -305,9 +312,18 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         if run:
             first = blocks_ok[(chunk_pick if stretch_pick is None else stretch_pick)
                               % len(blocks_ok)]
-            stretch = [first]
-            while len(stretch) < run and stretch[-1] + 1 in blocks_ok:
-                stretch.append(stretch[-1] + 1)
+            # run: f, f+1, f+2, ...; every_other: f, f+2, f+4, ...; interleaved: two runs
+            # woven together, f, f+3, f+1, f+4, f+2, ... (each id goes up by one every
+            # second position). The stretch stops at the first block that is not free.
+            if pattern == "interleaved":
+                seq = [first + j // 2 + (3 if j % 2 else 0) for j in range(run)]
+            else:
+                seq = [first + j * (2 if pattern == "every_other" else 1) for j in range(run)]
+            free, stretch = set(blocks_ok), []
+            for b in seq:
+                if b not in free:
+                    break
+                stretch.append(b)
             picked = [b for b in picked if b not in stretch]
             half = len(picked) // 2
             picked = picked[:half] + stretch + picked[half:]
@@ -316,7 +332,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         need = math.ceil((offset + len(blocks)) / bpc) if blocks else 0
         start = chunk_pick % len(chunks_ok)
         order = chunks_ok[start:] + chunks_ok[:start]
-        lap = chunk_pick // len(chunks_ok)
+        lap = chunk_pick // len(chunks_ok) if chunk_mode is None else chunk_mode
         if run and lap % 3 == 0:
             order = sorted(order)
         elif (run and lap % 3 == 2) or (not run and lap % 2):
@@ -327,8 +343,9 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
 
     def _submit(self, kind, picks, chunk_pick, offset_pick, run=0, form="list",
-                stretch_pick=None) -> None:
-        chosen = self._choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick)
+                stretch_pick=None, pattern="run", chunk_mode=None) -> None:
+        chosen = self._choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern,
+                              chunk_mode)
         if chosen is None:
             note(f"no {kind} possible now")
             return
@@ -382,13 +399,19 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
 
     @rule(kind=st.sampled_from([STORE, LOAD]), run=st.integers(4, 8),
-          picks=st.lists(PICK, min_size=1, max_size=4), stretch_pick=PICK, chunk_pick=PICK,
-          offset_pick=st.integers(0, 7))
-    def submit_mixed(self, kind, run, picks, stretch_pick, chunk_pick, offset_pick):
+          picks=st.lists(PICK, min_size=1, max_size=2), stretch_pick=st.integers(0, 2),
+          chunk_pick=PICK, offset_pick=st.integers(0, 7),
+          pattern=st.sampled_from(["run", "every_other", "interleaved"]),
+          chunk_mode=st.sampled_from([0, 0, 1, 2]))
+    def submit_mixed(self, kind, run, picks, stretch_pick, chunk_pick, offset_pick, pattern,
+                     chunk_mode):
         """A transfer that holds a stretch of 4 or more consecutive blocks among scattered ones
         (the CPU path copies the stretch as one slice where the sub-blocks advance with it, and
-        the other positions row by row; _choose says how the chunks are ordered)."""
-        self._submit(kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick)
+        the other positions row by row; _choose says how the chunks are ordered). The stretch
+        may also step by two or weave two runs together: ids that a wrong run test would take
+        for a run."""
+        self._submit(kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick, pattern,
+                     chunk_mode)
 
     @rule()
     def copy_raises(self):
