@@ -31,6 +31,7 @@ reads in block and chunk ids.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -192,6 +193,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         """The example's last jobs are collected and checked too (else a wrong copy in the
         last job after the final get_finished would go unseen)."""
         self.count_labels()
+        if sys.exc_info()[0] is not None:  # a step failed: let its error stand
+            return
         if self.worker is not None and self.pending:
             self.worker.wait(list(self.pending))
             self._collect(self.worker.get_finished(), "teardown")
