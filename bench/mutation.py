@@ -61,7 +61,7 @@ SUITES = {
     "worker": Suite(
         "worker", ("kvgate/impl/worker.py",), ("tests/mutation/test_worker_machine.py",), 0.95,
         isolation="forkserver",
-        note="impl/worker.py is being rewritten on another branch: re-measure after it lands"),
+        ),
 }
 
 # mutmut's exit-code verdicts that count as a kill (a timeout is a mutant that hangs a machine)
