@@ -31,6 +31,8 @@ reads in block and chunk ids.
 from __future__ import annotations
 
 import math
+import sys
+import time
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -76,16 +78,28 @@ def worker_layouts() -> st.SearchStrategy[WorkerLayout]:
     return st.builds(
         WorkerLayout,
         layers=st.lists(layer_specs(), min_size=1, max_size=3).map(tuple),
-        num_gpu_blocks=st.integers(1, 10),
-        num_chunks=st.integers(1, 6),
+        num_gpu_blocks=st.one_of(st.integers(1, 10), st.integers(6, 12)),
+        num_chunks=st.one_of(st.integers(1, 6), st.integers(3, 8)),
         blocks_per_chunk=st.sampled_from([1, 2, 4, 3]),
     )
 
 
 PICKS = st.lists(st.integers(0, 63), max_size=4)
 PICK = st.integers(0, 63)
+RUN = st.one_of(st.just(0), st.integers(2, 9))  # a stretch of consecutive blocks (_choose)
+_COPY_ROUTINES = ("_copy_cpu", "_copy_cuda")  # what copy_raises replaces on the instance
+# Constructor calls (bad_construction): the refused ones, then two that must be accepted.
+CTOR_DEFECTS = ("tensor_not_list", "not_a_sequence", "no_layers", "num_chunks_type",
+                "num_chunks_negative", "bpc_type", "bpc_zero", "layer_not_tensor", "layer_0d",
+                "block_count", "device", "no_blocks", "empty_pages", "block_not_contiguous",
+                "blocks_overlap", "not_byte_viewable")
+CTOR_ACCEPTED = ("zero_chunks", "flat_layer_default_bpc", "one_block_any_stride")
 DEFECTS = ("chunk_count", "gpu_block_range", "chunk_range", "negative_id", "repeated_block",
-           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "hazard")
+           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "not_a_sequence",
+           "hazard")
+# How an accepted transfer passes its ids: a list, a tuple (then, at offset 0, without the
+# offset argument: its default is 0), or a 1-d int64 tensor (as vLLM holds block ids).
+ID_FORMS = ("list", "tuple", "tensor")
 
 
 def note(text: str) -> None:
@@ -106,6 +120,8 @@ class _Pending(NamedTuple):
     slots: tuple[int, ...]
     effects: tuple[tuple[int, int], ...]  # (destination, label): slot for a store, block for a load
     fails: bool
+    raises: bool = False  # the machine made this job's copy raise (copy_raises)
+    call_seconds: float = math.inf  # how long submit_* took (bounds a synchronous CPU copy)
 
 
 def _dedup(values):
@@ -114,6 +130,22 @@ def _dedup(values):
         if v not in out:
             out.append(v)
     return out
+
+
+def _longest_run(blocks, slots, kind) -> int:
+    """The longest stretch of positions where the source and the destination ids (GPU block
+    and flat sub-block) both go up by one."""
+    best = cur = 1 if blocks else 0
+    for i in range(1, len(blocks)):
+        cur = cur + 1 if blocks[i] - blocks[i - 1] == 1 and slots[i] - slots[i - 1] == 1 else 1
+        best = max(best, cur)
+    return best
+
+
+def _mixed(blocks, slots) -> bool:
+    """A transfer with a run of at least 4 positions where both ids go up by one and also
+    positions outside it (what _copy_cpu splits into slices and single rows)."""
+    return 4 <= _longest_run(blocks, slots, None) < len(blocks)
 
 
 def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
@@ -127,12 +159,22 @@ LABELS = {
     **{f"{k} over several chunks": _submitted(k, lambda e: e["chunks"] > 1)
        for k in (STORE, LOAD)},
     "empty transfer": lambda e: e["rule"].startswith("submit_") and e["blocks"] == 0,
+    "long run in a transfer": lambda e: e["rule"].startswith("submit_") and e["run"] >= 4,
+    "long run among scattered ids": lambda e: e["rule"].startswith("submit_") and e["mixed"],
+    "ids as a tensor": lambda e: e["rule"].startswith("submit_") and e["form"] == "tensor",
+    "default offset": lambda e: (e["rule"].startswith("submit_") and e["form"] == "tuple"
+                                 and e["offset"] == 0),
+    "whole transfer one run": lambda e: (e["rule"].startswith("submit_")
+                                         and e["run"] == e["blocks"] >= 4),
+    "copy raised, reported": lambda e: e.get("reported") is not None and e.get("raised"),
     "wait": lambda e: e["rule"] == "wait_then_get_finished" and e.get("waited", 0) > 0,
     "failed job reported": lambda e: e.get("reported") is not None and e["failed"],
     **{f"{k} reported": (lambda e, k=k: e.get("reported") == k and not e["failed"])
        for k in (STORE, LOAD)},
     **{f"refused: {d}": (lambda e, d=d: e["rule"] == "invalid_transfer" and e["defect"] == d)
        for d in DEFECTS},
+    **{f"construction: {d}": (lambda e, d=d: e["rule"] == "construction" and e["case"] == d)
+       for d in CTOR_DEFECTS + CTOR_ACCEPTED},
 }
 
 
@@ -148,7 +190,15 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.history: list[dict] = []
 
     def teardown(self):
+        """The example's last jobs are collected and checked too (else a wrong copy in the
+        last job after the final get_finished would go unseen)."""
         self.count_labels()
+        if sys.exc_info()[0] is not None:  # a step failed: let its error stand
+            return
+        if self.worker is not None and self.pending:
+            self.worker.wait(list(self.pending))
+            self._collect(self.worker.get_finished(), "teardown")
+            self.bytes_match_model()
 
     # ------------------------------------------------------------------ set-up
 
@@ -181,12 +231,17 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.expected_cpu = [torch.zeros((self.n_slots, s.page_bytes), dtype=torch.uint8)
                              for s in layout.layers]
         self.bytes_per_block = sum(s.page_bytes for s in layout.layers)
+        self.tensors = tensors
         self.worker = self.worker_factory(tensors, self.n_chunks, self.bpc)
+        assert getattr(self.worker, "last_error", None) is None, (
+            f"a new worker's last_error is {self.worker.last_error!r}: no copy has raised yet")
         self.pending: dict[int, _Pending] = {}
         self.order: dict[str, list[int]] = {STORE: [], LOAD: []}
         self.used_ids: list[int] = []
         self.next_job = 0
         self.fail_budget = 0
+        self.raise_next = False
+        self.raised: BaseException | None = None
 
     # ------------------------------------------------------------------ model
 
@@ -234,8 +289,15 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 s_read.update(job.slots)
         return b_read, b_written, s_read, s_written
 
-    def _choose(self, kind, picks, chunk_pick, offset_pick):
-        """A transfer the worker must accept (no clash with unreported jobs), or None."""
+    def _choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None,
+                pattern="run", chunk_mode=None):
+        """A transfer the worker must accept (no clash with unreported jobs), or None. With
+        ``run > 0`` the transfer holds a stretch of up to ``run`` consecutive free blocks
+        (inserted among the picked ones at position ``len(picks) // 2``) and its chunks, by
+        ``chunk_pick // len(usable chunks) % 3``: go up from the lowest without a turn (the
+        sub-blocks advance with the stretch), go up from ``chunk_pick`` and wrap round once (a
+        run of both ids that breaks where the chunks wrap, among scattered positions), or go
+        down (sub-blocks that advance only inside a chunk while the blocks run on)."""
         b_read, b_written, s_read, s_written = self._touched()
         bpc = self.bpc
         if kind == STORE:
@@ -249,32 +311,71 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         if not blocks_ok or not chunks_ok:
             return None
         offset = offset_pick % bpc
-        blocks = _dedup(blocks_ok[p % len(blocks_ok)] for p in picks)
+        picked = [blocks_ok[p % len(blocks_ok)] for p in picks]
+        if run:
+            first = blocks_ok[(chunk_pick if stretch_pick is None else stretch_pick)
+                              % len(blocks_ok)]
+            # run: f, f+1, f+2, ...; every_other: f, f+2, f+4, ...; interleaved: two runs
+            # woven together, f, f+3, f+1, f+4, f+2, ... (each id goes up by one every
+            # second position). The stretch stops at the first block that is not free.
+            if pattern == "interleaved":
+                seq = [first + j // 2 + (3 if j % 2 else 0) for j in range(run)]
+            else:
+                seq = [first + j * (2 if pattern == "every_other" else 1) for j in range(run)]
+            free, stretch = set(blocks_ok), []
+            for b in seq:
+                if b not in free:
+                    break
+                stretch.append(b)
+            picked = [b for b in picked if b not in stretch]
+            half = len(picked) // 2
+            picked = picked[:half] + stretch + picked[half:]
+        blocks = _dedup(picked)
         blocks = blocks[: len(chunks_ok) * bpc - offset]
         need = math.ceil((offset + len(blocks)) / bpc) if blocks else 0
         start = chunk_pick % len(chunks_ok)
         order = chunks_ok[start:] + chunks_ok[:start]
-        if chunk_pick // len(chunks_ok) % 2:
+        lap = chunk_pick // len(chunks_ok) if chunk_mode is None else chunk_mode
+        if run and lap % 3 == 0:
+            order = sorted(order)
+        elif (run and lap % 3 == 2) or (not run and lap % 2):
             order.reverse()
         chunks = order[:need]
         return blocks, chunks, offset
 
     # ------------------------------------------------------------------ rules
 
-    def _submit(self, kind, picks, chunk_pick, offset_pick) -> None:
-        chosen = self._choose(kind, picks, chunk_pick, offset_pick)
+    def _submit(self, kind, picks, chunk_pick, offset_pick, run=0, form="list",
+                stretch_pick=None, pattern="run", chunk_mode=None) -> None:
+        chosen = self._choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern,
+                              chunk_mode)
         if chosen is None:
             note(f"no {kind} possible now")
             return
         blocks, chunks, offset = chosen
         job_id = self.next_job
         fails = self.fail_budget > 0
+        raises = self.raise_next and not fails
         note(f"job {job_id}: {kind} gpu_blocks={blocks} chunk_ids={chunks} offset={offset}"
-             + (" (injected failure)" if fails else ""))
-        if kind == STORE:
-            self.worker.submit_store(job_id, blocks, chunks, offset)
+             + (f" (ids as a {form})" if form != "list" else "")
+             + (" (injected failure)" if fails else "") + (" (its copy raises)" if raises else ""))
+        if form == "tensor":
+            ids = (torch.tensor(blocks, dtype=torch.int64), torch.tensor(chunks, dtype=torch.int64))
         else:
-            self.worker.submit_load(job_id, chunks, blocks, offset)
+            ids = (list(blocks), list(chunks)) if form == "list" else (tuple(blocks), tuple(chunks))
+        extra = () if form == "tuple" and offset == 0 else (offset,)  # default offset is 0
+        start = time.perf_counter()
+        if kind == STORE:
+            self.worker.submit_store(job_id, ids[0], ids[1], *extra)
+        else:
+            self.worker.submit_load(job_id, ids[1], ids[0], *extra)
+        call_seconds = time.perf_counter() - start
+        if raises:
+            self.raise_next = False
+            assert self.worker.last_error is self.raised, (
+                f"job {job_id}: its copy raised {self.raised!r}, but last_error is "
+                f"{self.worker.last_error!r}")
+            self._unbreak()
         self.next_job += 1
         self.used_ids.append(job_id)
         self.fail_budget -= fails
@@ -283,17 +384,58 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             effects = tuple((s, self.gpu_label[b]) for b, s in zip(blocks, slots))
         else:
             effects = tuple((b, self.slot_label[s]) for b, s in zip(blocks, slots))
-        self.pending[job_id] = _Pending(kind, tuple(blocks), tuple(slots), effects, fails)
+        self.pending[job_id] = _Pending(kind, tuple(blocks), tuple(slots), effects,
+                                        fails or raises, raises, call_seconds)
         self.order[kind].append(job_id)
-        self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks))
+        self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks),
+                    run=_longest_run(blocks, slots, kind), raises=raises, form=form,
+                    mixed=_mixed(blocks, slots))
 
-    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7))
-    def submit_store(self, picks, chunk_pick, offset_pick):
-        self._submit(STORE, picks, chunk_pick, offset_pick)
+    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
+          form=st.sampled_from(ID_FORMS))
+    def submit_store(self, picks, chunk_pick, offset_pick, run, form):
+        self._submit(STORE, picks, chunk_pick, offset_pick, run, form)
 
-    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7))
-    def submit_load(self, picks, chunk_pick, offset_pick):
-        self._submit(LOAD, picks, chunk_pick, offset_pick)
+    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
+          form=st.sampled_from(ID_FORMS))
+    def submit_load(self, picks, chunk_pick, offset_pick, run, form):
+        self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
+
+    @rule(kind=st.sampled_from([STORE, LOAD]), run=st.integers(4, 8),
+          picks=st.lists(PICK, min_size=1, max_size=2), stretch_pick=st.integers(0, 2),
+          chunk_pick=PICK, offset_pick=st.integers(0, 7),
+          pattern=st.sampled_from(["run", "every_other", "interleaved"]),
+          chunk_mode=st.sampled_from([0, 0, 1, 2]))
+    def submit_mixed(self, kind, run, picks, stretch_pick, chunk_pick, offset_pick, pattern,
+                     chunk_mode):
+        """A transfer that holds a stretch of 4 or more consecutive blocks among scattered ones
+        (the CPU path copies the stretch as one slice where the sub-blocks advance with it, and
+        the other positions row by row; _choose says how the chunks are ordered). The stretch
+        may also step by two or weave two runs together: ids that a wrong run test would take
+        for a run."""
+        self._submit(kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick, pattern,
+                     chunk_mode)
+
+    @rule()
+    def copy_raises(self):
+        """The next accepted copy raises (SPEC section 6: reported ``success=False``, the
+        exception kept in ``last_error``). The machine replaces the worker's copy routines on
+        the instance (as tests/test_worker.py does); the stand-in raises before any byte moves,
+        so nothing may move. A worker without them (a foreign factory) is left alone."""
+        if self.raise_next or not all(hasattr(self.worker, n) for n in _COPY_ROUTINES):
+            return
+        self.raised = RuntimeError(f"copy engine on fire (job {self.next_job} or later)")
+
+        def broken(job, _exc=self.raised):
+            raise _exc
+
+        for name in _COPY_ROUTINES:
+            setattr(self.worker, name, broken)
+        self.raise_next = True
+
+    def _unbreak(self) -> None:
+        for name in _COPY_ROUTINES:
+            self.worker.__dict__.pop(name, None)
 
     @rule(pick=PICK)
     def write_gpu_block(self, pick):
@@ -351,9 +493,16 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 f"job {r.job_id}: bytes={r.bytes}, expected {expected_bytes}")
             assert isinstance(r.seconds, float) and 0.0 <= r.seconds < math.inf, (
                 f"job {r.job_id}: seconds={r.seconds!r}")
+            if job.fails and not job.raises:
+                assert r.seconds == 0.0, (
+                    f"job {r.job_id}: an injected failure reports seconds={r.seconds!r}, not 0.0")
+            if self.device.type == "cpu":  # the copy ran inside submit_*: it took no longer
+                assert r.seconds <= job.call_seconds, (
+                    f"job {r.job_id}: seconds={r.seconds!r}, but its submit_* call (where the "
+                    f"CPU copy runs) took {job.call_seconds!r} s")
             self.order[job.kind].pop(0)
             del self.pending[r.job_id]
-            self.record(rule, reported=job.kind, failed=job.fails)
+            self.record(rule, reported=job.kind, failed=job.fails, raised=job.raises)
             if job.fails:
                 continue
             apply = self._set_slot_label if job.kind == STORE else self._set_gpu_label
@@ -368,7 +517,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
     def invalid_transfer(self, kind, defect, picks, chunk_pick, offset_pick):
         """A transfer with one defect is refused with ValueError before any byte moves."""
         args = self._invalid(kind, defect, picks, chunk_pick, offset_pick)
-        job_id, blocks, chunks, offset, defect = args
+        job_id, blocks, chunks, offset, defect, names = args
         note(f"invalid {kind} ({defect}): job_id={job_id!r} gpu_blocks={blocks!r} "
              f"chunk_ids={chunks!r} offset={offset!r}")
         self.worker.wait(list(self.pending))  # nothing may be in flight while we compare
@@ -378,8 +527,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 self.worker.submit_store(job_id, blocks, chunks, offset)
             else:
                 self.worker.submit_load(job_id, chunks, blocks, offset)
-        except ValueError:
-            pass
+        except ValueError as exc:
+            missing = [n for n in names if not any(a in str(exc) for a in _alternatives(n))]
+            assert not missing, (
+                f"invalid {kind} ({defect}) refused with {str(exc)!r}, which does not name "
+                f"{missing}")
         else:
             raise AssertionError(f"invalid {kind} ({defect}) was accepted")
         after = self._snapshot()
@@ -399,34 +551,61 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             defect = "offset_range"
         if defect == "hazard" and not live:
             defect = "chunk_count"
+        # What the refusal must name (SPEC section 6: "a ValueError naming it").
+        names: tuple[str, ...] = ()
         if defect == "chunk_count":
             chunks = chunks[:-1] if len(chunks) > 1 or offset_pick % 2 else chunks + [
                 (chunks[-1] + 1) % self.n_chunks]
+            names = ("chunk",)
         elif defect == "gpu_block_range":
             blocks[-1] = self.n_blocks + offset_pick
+            names = ("gpu_blocks", str(blocks[-1]))
         elif defect == "chunk_range":
             chunks[-1] = self.n_chunks + offset_pick
+            names = ("chunk_ids", str(chunks[-1]))
         elif defect == "negative_id":
             if offset_pick % 2:
                 chunks[-1] = -1
+                names = ("chunk_ids", "-1")
             else:
                 blocks[-1] = -1
+                names = ("gpu_blocks", "-1")
         elif defect == "repeated_block":
             blocks.append(blocks[0])
+            names = ("gpu_blocks", str(blocks[0]))
         elif defect == "repeated_chunk":
             chunks.append(chunks[0])
+            names = ("chunk_ids", str(chunks[0]))
         elif defect == "offset_range":
             offset = -1 if offset_pick % 2 else self.bpc + offset_pick // 2
+            names = ("offset", str(offset))
         elif defect == "reused_job_id":
             job_id = self.used_ids[offset_pick % len(self.used_ids)]
+            names = ("job_id", str(job_id))
         elif defect == "not_an_int":
-            which = offset_pick % 3
+            which = offset_pick % 5
             if which == 0:
                 job_id = str(job_id)
+                names = ("job_id", repr(job_id))
             elif which == 1:
                 blocks[-1] = blocks[-1] + 0.5
-            else:
+                names = ("gpu_blocks", str(blocks[-1]))
+            elif which == 2:
                 offset = True
+                names = ("offset", "True")
+            elif which == 3:
+                chunks[-1] = None
+                names = ("chunk_ids", "None")
+            else:
+                blocks[0] = str(blocks[0])
+                names = ("gpu_blocks", repr(blocks[0]))
+        elif defect == "not_a_sequence":  # the whole list replaced by something that is not one
+            bad = (len(blocks), None, "".join(map(str, blocks)), float(len(chunks)))[
+                offset_pick % 4]
+            if offset_pick // 4:
+                chunks, names = bad, ("chunk_ids", repr(bad))
+            else:
+                blocks, names = bad, ("gpu_blocks", repr(bad))
         elif defect == "hazard":
             other = self.pending[live[(picks or [0])[0] % len(live)]]
             slot, block = other.slots[0], other.blocks[0]
@@ -437,7 +616,114 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             else:
                 blocks, chunks, offset = [block], [chunks[0]], offset % self.bpc
                 chunks = chunks[: math.ceil((offset + 1) / self.bpc)]
-        return job_id, blocks, chunks, offset, defect
+            names = (self._clashes(kind, blocks, chunks, offset),)
+        return job_id, blocks, chunks, offset, defect, names
+
+    @rule(case=st.sampled_from(CTOR_DEFECTS + CTOR_ACCEPTED), pick=PICK)
+    def construction(self, case, pick):
+        """A second worker built from this layout with one defect is refused with ValueError
+        naming the argument; ``zero_chunks`` (``num_chunks=0``) and a one-element-page layer
+        seen as a 1-d tensor, built without ``blocks_per_chunk`` (default 1), are accepted."""
+        tensors = [t.clone() for t in self.tensors]  # the machine's own stay untouched
+        n, i = self.n_blocks, pick % len(tensors)
+        args: list[Any] = [tensors, self.n_chunks, self.bpc]
+        if case in ("blocks_overlap",) and n < 2:
+            case = "empty_pages"
+        if case in ("block_count", "device"):
+            i = max(1, i)
+            if len(tensors) < 2:
+                tensors.append(tensors[0].clone())
+        layer = f"gpu_tensors[{i}]"
+        if case == "tensor_not_list":
+            args[0], names = tensors[0], ("gpu_tensors",)
+        elif case == "not_a_sequence":
+            args[0], names = (t for t in tensors), ("gpu_tensors",)
+        elif case == "no_layers":
+            args[0], names = [], ("gpu_tensors",)
+        elif case == "num_chunks_type":
+            args[1] = (str(self.n_chunks), float(self.n_chunks), True)[pick % 3]
+            names = ("num_chunks", repr(args[1]))
+        elif case == "num_chunks_negative":
+            args[1], names = -1 - pick % 3, ("num_chunks", str(-1 - pick % 3))
+        elif case == "bpc_type":
+            args[2] = (str(self.bpc), float(self.bpc), True)[pick % 3]
+            names = ("blocks_per_chunk", repr(args[2]))
+        elif case == "bpc_zero":
+            args[2], names = -(pick % 2), ("blocks_per_chunk", str(-(pick % 2)))
+        elif case == "layer_not_tensor":
+            tensors[i], names = tensors[i].tolist(), (layer, "list")
+        elif case == "layer_0d":
+            tensors[i], names = torch.tensor(7), (layer,)
+        elif case == "block_count":
+            tensors[i] = tensors[i][:-1] if n > 1 else torch.cat([tensors[i]] * 2)
+            names = (layer, str(tensors[i].shape[0]))
+        elif case == "device":
+            tensors[i], names = torch.empty_like(tensors[i], device="meta"), (layer, "meta")
+        elif case == "no_blocks":
+            args[0] = [t[:0] for t in tensors]
+            names = ("gpu_tensors[0]",)
+        elif case == "empty_pages":
+            tensors[i], names = tensors[i].new_zeros((n, 0)), (layer,)
+        elif case == "block_not_contiguous":
+            tensors[i] = tensors[i].new_zeros((n, 3, 2)).transpose(1, 2)
+            names = (layer, "contiguous")
+        elif case == "blocks_overlap":
+            flat = tensors[i].new_zeros(n + 2)
+            tensors[i], names = flat.as_strided((n, 3), (1, 1)), (layer, "overlap")
+        elif case == "not_byte_viewable":  # a conjugate view cannot be seen as other dtypes
+            tensors[i] = tensors[i].new_zeros((n, 2), dtype=torch.complex64).conj()
+            names = (layer,)
+        elif case == "zero_chunks":
+            args[1] = 0
+        elif case == "one_block_any_stride":  # one block: its stride is never used
+            args[0] = tensors = [t.new_zeros(3).as_strided((1, 3), (1, 1)) for t in tensors]
+        elif case == "flat_layer_default_bpc":
+            tensors[i] = tensors[i].new_zeros(n)  # one element per block
+            args = args[:2]
+        note(f"construction ({case}): layer {i}")
+        if case in CTOR_ACCEPTED:
+            worker = self.worker_factory(*args)
+            bpc = 1 if len(args) == 2 else self.bpc
+            pages = [t[0].numel() * t.element_size() for t in tensors]
+            assert worker.page_bytes == pages, (case, worker.page_bytes, pages)
+            shapes = [tuple(c.shape) for c in worker.cpu_tensors]
+            assert shapes == [(args[1], p * bpc) for p in pages], (case, shapes)
+            n = tensors[0].shape[0]
+            assert [tuple(g.shape) for g in worker.gpu_pages] == [(n, p) for p in pages], case
+            worker.submit_store(0, [], [])
+            assert [(r.job_id, r.success, r.bytes) for r in worker.get_finished()] == [
+                (0, True, 0)], case
+        else:
+            try:
+                self.worker_factory(*args)
+            except ValueError as exc:
+                missing = [m for m in names if m not in str(exc)]
+                assert not missing, (
+                    f"construction ({case}) refused with {str(exc)!r}, which does not name "
+                    f"{missing}")
+            else:
+                raise AssertionError(f"construction ({case}) was accepted")
+        self.record("construction", case=case)
+
+    @invariant()
+    def pending_ids_in_submission_order(self):
+        if self.worker is None:
+            return
+        expected = [j for j in self.used_ids if j in self.pending]
+        actual = self.worker.pending_job_ids()
+        assert actual == expected, f"pending_job_ids() = {actual}, expected {expected}"
+
+    def _clashes(self, kind, blocks, chunks, offset) -> tuple[str, ...]:
+        """How a refusal may name what this transfer clashes on: each clashing sub-block
+        (``chunk c``) and GPU block (``gpu block b``); any one of them will do."""
+        b_read, b_written, s_read, s_written = self._touched()
+        slots = self._slots(chunks, offset, len(blocks))
+        if kind == STORE:
+            bad_slots, bad_blocks = s_read | s_written, b_written
+        else:
+            bad_slots, bad_blocks = s_written, b_read | b_written
+        return tuple([f"chunk {s // self.bpc}" for s in slots if s in bad_slots]
+                     + [f"gpu block {b}" for b in blocks if b in bad_blocks])
 
     def _snapshot(self):
         out = [(f"gpu layer {i}", raw.cpu().clone()) for i, raw in enumerate(self.raw)]
@@ -470,6 +756,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                     assert s in s_written, (
                         f"layer {layer}: sub-block {s % self.bpc} of chunk {s // self.bpc} "
                         f"should hold label {self.slot_label[s]} ({_describe(actual[s])})")
+
+
+def _alternatives(name) -> tuple[str, ...]:
+    """A name a message must hold: a string, or a tuple of strings of which one will do."""
+    return name if isinstance(name, tuple) else (name,)
 
 
 def _describe(row: torch.Tensor) -> str:

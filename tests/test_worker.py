@@ -348,7 +348,9 @@ def _counterexample(machine) -> tuple[AssertionError, list[str]]:
 CAUGHT_BY = {
     "OffByOneOffset": "should hold label",
     "CopiesPaddedPage": "cpu tensor is",
-    "ReportsBeforeCopy": "should hold label",
+    # Either a reported job's bytes are missing, or a copy made to raise did not raise (the
+    # copy runs only at the next submission): last_error is not what it raised.
+    "ReportsBeforeCopy": ("should hold label", "last_error"),
     "ReportsOutOfOrder": "reported before the earlier",
     # Either a refused transfer changed bytes, or a load with an injected failure wrote a page.
     "WritesBeforeValidating": ("changed bytes", "should hold label"),
@@ -361,7 +363,8 @@ def test_machine_catches_bad_worker_with_a_short_replayable_counterexample(name)
     expected = CAUGHT_BY[name]
     assert any(m in str(error) for m in ((expected,) if isinstance(expected, str) else expected))
     rules = [s for s in steps if s.startswith("state.") and not s.startswith(
-        ("state.bytes_match_model", "state.teardown", "state.init_worker"))]
+        ("state.bytes_match_model", "state.pending_ids_in_submission_order", "state.teardown",
+         "state.init_worker"))]  # invariants and set-up are not steps
     assert steps[0] == f"state = {name}Machine()"
     assert len(rules) <= 4, steps  # shrunk
     # The printed steps replay as they stand.

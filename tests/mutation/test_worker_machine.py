@@ -16,6 +16,7 @@ from hypothesis import Phase
 import kvgate.impl.worker
 from kvgate.impl.worker import OffloadWorker
 from kvgate.properties.runner import run_machine
+from kvgate.properties import worker_machine
 from kvgate.properties.worker_machine import machine_for
 
 PROFILE = "ci"
@@ -24,12 +25,19 @@ WORKER_EXAMPLES = 200
 
 
 def test_the_machine_sees_the_mutated_copy():
-    """Under mutmut, impl/worker.py is imported from mutmut's copy (see test_machines.py)."""
-    if not os.environ.get("MUTANT_UNDER_TEST"):
+    """Under mutmut, impl/worker.py is imported from mutmut's copy (see test_machines.py), and
+    the machine drives that copy's ``OffloadWorker``. mutmut sets ``MUTANT_UNDER_TEST`` in
+    every run it makes ("stats", "" for the clean run): this check runs in both, and a failure
+    there stops ``mutmut run`` before any mutant is judged (it calls nothing of worker.py, so
+    it is never selected for a mutant, where its failure would read as a kill)."""
+    if "MUTANT_UNDER_TEST" not in os.environ:
         pytest.skip("only under mutmut")
+    cwd = Path.cwd().resolve()
     path = Path(kvgate.impl.worker.__file__).resolve()
-    assert path.is_relative_to(Path.cwd().resolve()), (path, Path.cwd())
+    assert path.is_relative_to(cwd), (path, cwd)
     assert "mutmut generated" in path.read_text(), path
+    assert worker_machine.OffloadWorker is OffloadWorker is kvgate.impl.worker.OffloadWorker
+    assert Path(worker_machine.__file__).resolve().is_relative_to(cwd), worker_machine.__file__
 
 
 def test_worker_machine():
