@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 import sys
-import time
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -40,6 +39,7 @@ from hypothesis import note as _hypothesis_note, strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+import kvgate.impl.worker as worker_module
 from kvgate.impl.worker import LOAD, STORE, OffloadWorker, TransferResult
 from kvgate.properties import bad_workers
 from kvgate.properties.coverage import Recorded
@@ -178,6 +178,20 @@ LABELS = {
 }
 
 
+class TickClock:
+    """A clock that advances one millisecond at each reading: the worker's ``time`` while a
+    machine runs, so the seconds it reports, and the checks on them, are the same in every
+    replay of an example (a wall clock made a bad worker's failure change between the run and
+    its replay: Hypothesis's "inconsistent results")."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-3
+        return self.now
+
+
 class WorkerMachine(Recorded, RuleBasedStateMachine):
     """Drives ``worker_factory`` alone; see the module docstring."""
 
@@ -188,10 +202,18 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         super().__init__()
         self.worker = None
         self.history: list[dict] = []
+        self.clock = TickClock()
+        self._wall_clock, worker_module.time = worker_module.time, self.clock
 
     def teardown(self):
         """The example's last jobs are collected and checked too (else a wrong copy in the
         last job after the final get_finished would go unseen)."""
+        try:
+            self._final_check()
+        finally:
+            worker_module.time = self._wall_clock
+
+    def _final_check(self):
         self.count_labels()
         if sys.exc_info()[0] is not None:  # a step failed: let its error stand
             return
@@ -364,12 +386,12 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         else:
             ids = (list(blocks), list(chunks)) if form == "list" else (tuple(blocks), tuple(chunks))
         extra = () if form == "tuple" and offset == 0 else (offset,)  # default offset is 0
-        start = time.perf_counter()
+        start = self.clock.perf_counter()
         if kind == STORE:
             self.worker.submit_store(job_id, ids[0], ids[1], *extra)
         else:
             self.worker.submit_load(job_id, ids[1], ids[0], *extra)
-        call_seconds = time.perf_counter() - start
+        call_seconds = self.clock.perf_counter() - start
         if raises:
             self.raise_next = False
             assert self.worker.last_error is self.raised, (
