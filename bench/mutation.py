@@ -117,9 +117,18 @@ def _pyproject(suite: Suite) -> str:
     ])
 
 
+def _mutmut() -> str | None:
+    """mutmut's command: next to this Python (its virtual environment) first, then on PATH."""
+    return shutil.which("mutmut", path=os.path.dirname(sys.executable)) or shutil.which("mutmut")
+
+
+def _mutmut_found() -> bool:
+    return _mutmut() is not None
+
+
 def run(suite: Suite, max_children: int) -> dict:
     where = stage(suite)
-    mutmut = shutil.which("mutmut", path=os.path.dirname(sys.executable)) or "mutmut"
+    mutmut = _mutmut()
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("HYPOTHESIS_PROFILE", None)
     start = time.perf_counter()
@@ -135,7 +144,7 @@ def run(suite: Suite, max_children: int) -> dict:
 
 
 def _diff(where: Path, name: str) -> str:
-    mutmut = shutil.which("mutmut", path=os.path.dirname(sys.executable)) or "mutmut"
+    mutmut = _mutmut() or "mutmut"
     out = subprocess.run([mutmut, "show", name], cwd=where, text=True, capture_output=True)
     lines = [ln for ln in out.stdout.splitlines()
              if ln.startswith(("-", "+")) and not ln.startswith(("---", "+++"))]
@@ -317,6 +326,10 @@ def main(argv=None) -> int:
     ap.add_argument("--report", action="store_true",
                     help="rewrite docs/mutation.md from the recorded JSON")
     args = ap.parse_args(argv)
+    if args.max_children < 1:
+        ap.error(f"argument --max-children: must be >= 1, got {args.max_children}")
+    if args.run and not _mutmut_found():
+        ap.error("--run needs mutmut 3, which is not installed: pip install 'kvgate[mutation]'")
     results = load_results()
     if args.run:
         for name in args.suite or ["manager"]:

@@ -48,7 +48,8 @@ Transfers (both return at once; ``kind`` is ``"store"`` for GPU -> CPU, ``"load"
 - ``wait(job_ids)``: blocks until those jobs are done (done, not reported: ``get_finished``
   still reports them). Unknown and already reported ids are ignored.
 - ``fail_next(n=1, kind=None)``: the next ``n`` accepted jobs (of ``kind``, or of either
-  direction) fail: each is reported with ``success=False`` and writes nothing. A copy that
+  direction) fail: each is reported with ``success=False`` and writes nothing. Calls add up; an
+  accepted job uses a failure queued for its own direction first, else one queued for either. A copy that
   raises is also reported with ``success=False`` (the exception is kept in
   ``worker.last_error``); its destination bytes are then unspecified (an injected failure is the
   only kind that guarantees nothing was written).
@@ -69,7 +70,7 @@ The worker is not thread-safe: one thread drives it.
 Override points (each known-bad worker in ``properties/bad_workers.py`` replaces one):
 ``_byte_view`` (a layer as page bytes), ``_slot_rows`` (the offset rule), ``_validate`` /
 ``_submit`` (checks before bytes move), ``_launch`` (start a copy and say when it is done),
-``get_finished`` (reporting order).
+``get_finished`` (reporting order), ``fail_next`` (which jobs an injected failure hits).
 """
 from __future__ import annotations
 

@@ -67,7 +67,17 @@ class WritesBeforeValidating(OffloadWorker):
         super()._submit(kind, job_id, gpu_blocks, chunk_ids, offset)
 
 
+class FailsEitherDirection(OffloadWorker):
+    """Queues every injected failure for either direction: ``fail_next(kind="load")`` fails
+    the next job, even a store (checks its arguments as the worker does)."""
+
+    def fail_next(self, n=1, kind=None):
+        super().fail_next(n, kind)
+        self._fail_budget[kind] -= n
+        self._fail_budget[None] += n
+
+
 BAD_WORKERS = (OffByOneOffset, CopiesPaddedPage, ReportsBeforeCopy, ReportsOutOfOrder,
-               WritesBeforeValidating)
+               WritesBeforeValidating, FailsEitherDirection)
 
 __all__ = [cls.__name__ for cls in BAD_WORKERS] + ["BAD_WORKERS"]

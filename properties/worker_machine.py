@@ -12,9 +12,17 @@ reported are left out, since their copy may or may not have run.
 Rules: submit store / load (random blocks and chunks, with sub-block offsets), GPU writes,
 ``get_finished`` (each job exactly once, oldest first per direction, ``success``/``bytes`` as
 expected), ``wait`` then ``get_finished`` (waited jobs must be reported), injected failures
-(reported ``success=False``, nothing written), and invalid transfers (``ValueError``, every byte
-unchanged, no job, no failure used up). On the CPU path copies are synchronous, so each
-``get_finished`` there must report every job.
+(``fail_next(n, kind)``, n of 0 to 2, for one direction or either: reported ``success=False``,
+nothing written; a job takes its own direction's failures first) and bad ``fail_next``
+arguments, and invalid transfers (``ValueError``, every byte unchanged, no job, no failure used
+up). On the CPU path copies are synchronous, so each ``get_finished`` there must report every
+job, and a copy that moved bytes reports a duration above 0.
+
+A refusal must *say* what is wrong, each name whole and as written (``job_id``, not
+``XXjob_idXX``; ``chunk 2``, not ``chunk 2.5``): the argument and its bad value; for a clash, a
+clashing GPU block or sub-block (``gpu block 3``; ``chunk 1`` and ``sub-block 0``) together
+with the unreported job it clashes with (``store job 4``); for a wrong chunk count, the
+direction.
 
 ``machine_for(factory)`` builds the machine for any worker factory with the signature
 ``factory(gpu_tensors, num_chunks, blocks_per_chunk)``. The module defines one machine per
@@ -30,7 +38,9 @@ reads in block and chunk ids.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 import sys
 from typing import Any, Callable, NamedTuple
 
@@ -148,6 +158,13 @@ def _mixed(blocks, slots) -> bool:
     return 4 <= _longest_run(blocks, slots, None) < len(blocks)
 
 
+def _stepped(src, dst) -> bool:
+    """Four positions in a row where the source id goes up by one and the destination id by
+    two (a load of sub-blocks in a row into every other GPU block): no run to slice."""
+    steps = [(b - a, d - c) for a, b, c, d in zip(src, src[1:], dst, dst[1:])]
+    return any(steps[i:i + 3] == [(1, 2)] * 3 for i in range(len(steps) - 2))
+
+
 def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
     return lambda e: e["rule"] == f"submit_{kind}" and fact(e)
 
@@ -166,6 +183,8 @@ LABELS = {
                                  and e["offset"] == 0),
     "whole transfer one run": lambda e: (e["rule"].startswith("submit_")
                                          and e["run"] == e["blocks"] >= 4),
+    "copy whose source runs while the destination steps by two": lambda e: (
+        e["rule"].startswith("submit_") and e["stepped"]),
     "copy raised, reported": lambda e: e.get("reported") is not None and e.get("raised"),
     "wait": lambda e: e["rule"] == "wait_then_get_finished" and e.get("waited", 0) > 0,
     "failed job reported": lambda e: e.get("reported") is not None and e["failed"],
@@ -175,6 +194,12 @@ LABELS = {
        for d in DEFECTS},
     **{f"construction: {d}": (lambda e, d=d: e["rule"] == "construction" and e["case"] == d)
        for d in CTOR_DEFECTS + CTOR_ACCEPTED},
+    **{f"failures queued: {k or 'either direction'}": (
+        lambda e, k=k: e["rule"] == "fail_next" and e["n"] > 0 and e["kind"] == k)
+       for k in (None, STORE, LOAD)},
+    "failures queued: none (n=0)": lambda e: e["rule"] == "fail_next" and e["n"] == 0,
+    **{f"fail_next refused: {d}": (lambda e, d=d: e["rule"] == "bad_fail_next" and e["arg"] == d)
+       for d in ("n", "kind")},
 }
 
 
@@ -261,7 +286,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.order: dict[str, list[int]] = {STORE: [], LOAD: []}
         self.used_ids: list[int] = []
         self.next_job = 0
-        self.fail_budget = 0
+        self.fail_budget: dict[str | None, int] = {STORE: 0, LOAD: 0, None: 0}
         self.raise_next = False
         self.raised: BaseException | None = None
 
@@ -376,7 +401,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             return
         blocks, chunks, offset = chosen
         job_id = self.next_job
-        fails = self.fail_budget > 0
+        budget = next((k for k in (kind, None) if self.fail_budget[k] > 0), False)
+        fails = budget is not False  # the direction's own failures go first, then either's
         raises = self.raise_next and not fails
         note(f"job {job_id}: {kind} gpu_blocks={blocks} chunk_ids={chunks} offset={offset}"
              + (f" (ids as a {form})" if form != "list" else "")
@@ -400,7 +426,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             self._unbreak()
         self.next_job += 1
         self.used_ids.append(job_id)
-        self.fail_budget -= fails
+        if fails:
+            self.fail_budget[budget] -= 1
         slots = self._slots(chunks, offset, len(blocks))
         if kind == STORE:
             effects = tuple((s, self.gpu_label[b]) for b, s in zip(blocks, slots))
@@ -411,7 +438,9 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.order[kind].append(job_id)
         self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks),
                     run=_longest_run(blocks, slots, kind), raises=raises, form=form,
-                    mixed=_mixed(blocks, slots))
+                    mixed=_mixed(blocks, slots),
+                    stepped=not (fails or raises) and _stepped(
+                        *((blocks, slots) if kind == STORE else (slots, blocks))))
 
     @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
           form=st.sampled_from(ID_FORMS))
@@ -434,7 +463,10 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         (the CPU path copies the stretch as one slice where the sub-blocks advance with it, and
         the other positions row by row; _choose says how the chunks are ordered). The stretch
         may also step by two or weave two runs together: ids that a wrong run test would take
-        for a run."""
+        for a run. A stretch that steps by two goes with chunks in rising order, so its
+        sub-blocks run beside it (the GPU ids step by two where the CPU ids go up by one)."""
+        if pattern == "every_other":
+            chunk_mode = 0
         self._submit(kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick, pattern,
                      chunk_mode)
 
@@ -473,12 +505,37 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             self.raw[layer][block, :spec.page_bytes].copy_(self._content(layer, label))
         self._set_gpu_label(block, label)
 
-    @rule()
-    def fail_next_job(self):
-        if self.fail_budget >= 2:  # at most two failures queued
+    @rule(n=st.sampled_from([1, 1, 2, 0]), kind=st.sampled_from([None, None, STORE, LOAD]))
+    def fail_next_job(self, n, kind):
+        """``fail_next(n, kind)``: the next ``n`` accepted jobs of ``kind`` (None: either
+        direction) fail; a job takes its own direction's failures before those of either.
+        Called with the defaults (``n=1``, ``kind=None``) where they apply."""
+        if sum(self.fail_budget.values()) + n > 3:  # at most three failures queued
             return
-        self.worker.fail_next()
-        self.fail_budget += 1
+        if n == 1 and kind is None:
+            self.worker.fail_next()
+        elif n == 1:
+            self.worker.fail_next(kind=kind)
+        else:
+            self.worker.fail_next(n, kind)
+        note(f"fail_next({n}, {kind!r})")
+        self.fail_budget[kind] += n
+        self.record("fail_next", n=n, kind=kind)
+
+    @rule(pick=st.integers(0, 7))
+    def bad_fail_next(self, pick):
+        """``fail_next`` with a bad ``n`` or ``kind`` is refused with ValueError naming it
+        and queues nothing (the next jobs' ``success`` shows it)."""
+        n, kind = 1, None
+        if pick < 5:
+            n = ("1", 1.5, True, -1, -2)[pick]
+            arg, names = "n", ("n", repr(n))
+        else:
+            kind = ("both", "STORE", 0)[pick - 5]
+            arg, names = "kind", ("kind", repr(kind))
+        with _refused(f"fail_next({n!r}, {kind!r})", names):
+            self.worker.fail_next(n, kind)
+        self.record("bad_fail_next", arg=arg)
 
     @rule()
     def get_finished(self):
@@ -518,6 +575,9 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             if job.fails and not job.raises:
                 assert r.seconds == 0.0, (
                     f"job {r.job_id}: an injected failure reports seconds={r.seconds!r}, not 0.0")
+            if job.blocks and not job.fails:
+                assert r.seconds > 0.0, (
+                    f"job {r.job_id}: copied {r.bytes} bytes in seconds={r.seconds!r}")
             if self.device.type == "cpu":  # the copy ran inside submit_*: it took no longer
                 assert r.seconds <= job.call_seconds, (
                     f"job {r.job_id}: seconds={r.seconds!r}, but its submit_* call (where the "
@@ -550,7 +610,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             else:
                 self.worker.submit_load(job_id, chunks, blocks, offset)
         except ValueError as exc:
-            missing = [n for n in names if not any(a in str(exc) for a in _alternatives(n))]
+            missing = [n for n in names if not _names(str(exc), n)]
             assert not missing, (
                 f"invalid {kind} ({defect}) refused with {str(exc)!r}, which does not name "
                 f"{missing}")
@@ -578,12 +638,14 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         if defect == "chunk_count":
             chunks = chunks[:-1] if len(chunks) > 1 or offset_pick % 2 else chunks + [
                 (chunks[-1] + 1) % self.n_chunks]
-            names = ("chunk",)
+            # The count and the direction; where the added id repeats one (a single chunk)
+            # the refusal may name the repeat instead.
+            names = ("chunk",) if len(set(chunks)) < len(chunks) else ("chunk", kind)
         elif defect == "gpu_block_range":
-            blocks[-1] = self.n_blocks + offset_pick
+            blocks[-1] = self.n_blocks + offset_pick // 4  # the first id past the end, or next
             names = ("gpu_blocks", str(blocks[-1]))
         elif defect == "chunk_range":
-            chunks[-1] = self.n_chunks + offset_pick
+            chunks[-1] = self.n_chunks + offset_pick // 4
             names = ("chunk_ids", str(chunks[-1]))
         elif defect == "negative_id":
             if offset_pick % 2:
@@ -599,8 +661,14 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             chunks.append(chunks[0])
             names = ("chunk_ids", str(chunks[0]))
         elif defect == "offset_range":
-            offset = -1 if offset_pick % 2 else self.bpc + offset_pick // 2
+            offset = -1 if offset_pick % 2 else self.bpc + offset_pick // 4
             names = ("offset", str(offset))
+            # Only the offset is wrong: as many chunk ids as the offset, were it allowed, would
+            # need (where there are enough free ones), so no count check can refuse it instead.
+            need = -(-(offset + len(blocks)) // self.bpc)
+            spare = [c for c in range(self.n_chunks) if c not in chunks]
+            if offset > 0 and 0 < need - len(chunks) <= len(spare):
+                chunks += spare[:need - len(chunks)]
         elif defect == "reused_job_id":
             job_id = self.used_ids[offset_pick % len(self.used_ids)]
             names = ("job_id", str(job_id))
@@ -633,11 +701,16 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             slot, block = other.slots[0], other.blocks[0]
             clash_on_slot = (kind, other.kind) in ((STORE, STORE), (STORE, LOAD), (LOAD, STORE))
             clash_on_block = (kind, other.kind) != (STORE, STORE)
-            if clash_on_slot and (offset_pick % 2 or not clash_on_block):
+            # For a clash on the GPU block alone, a chunk whose sub-block at this offset is free
+            # for this transfer (else the refusal would rightly name the sub-block instead).
+            _, _, s_read, s_written = self._touched()
+            busy = s_read | s_written if kind == STORE else s_written
+            offset %= self.bpc
+            free = [c for c in range(self.n_chunks) if c * self.bpc + offset not in busy]
+            if clash_on_slot and (offset_pick % 2 or not clash_on_block or not free):
                 blocks, chunks, offset = [blocks[0]], [slot // self.bpc], slot % self.bpc
             else:
-                blocks, chunks, offset = [block], [chunks[0]], offset % self.bpc
-                chunks = chunks[: math.ceil((offset + 1) / self.bpc)]
+                blocks, chunks = [block], [free[chunk_pick % len(free)]] if free else [chunks[0]]
             names = (self._clashes(kind, blocks, chunks, offset),)
         return job_id, blocks, chunks, offset, defect, names
 
@@ -690,8 +763,10 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             tensors[i] = tensors[i].new_zeros((n, 3, 2)).transpose(1, 2)
             names = (layer, "contiguous")
         elif case == "blocks_overlap":
-            flat = tensors[i].new_zeros(n + 2)
-            tensors[i], names = flat.as_strided((n, 3), (1, 1)), (layer, "overlap")
+            stride = 1 + pick % 2  # below the page of 3 elements
+            flat = tensors[i].new_zeros(stride * (n - 1) + 3)
+            tensors[i] = flat.as_strided((n, 3), (stride, 1))
+            names = (layer, "overlap", f"stride {stride}")
         elif case == "not_byte_viewable":  # a conjugate view cannot be seen as other dtypes
             tensors[i] = tensors[i].new_zeros((n, 2), dtype=torch.complex64).conj()
             names = (layer,)
@@ -719,12 +794,17 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             try:
                 self.worker_factory(*args)
             except ValueError as exc:
-                missing = [m for m in names if m not in str(exc)]
+                missing = [m for m in names if not _says(str(exc), m)]
                 assert not missing, (
                     f"construction ({case}) refused with {str(exc)!r}, which does not name "
                     f"{missing}")
             else:
                 raise AssertionError(f"construction ({case}) was accepted")
+            if case == "blocks_overlap":  # and the smallest such layer: two blocks, alone
+                two = tensors[i].new_zeros(stride + 3).as_strided((2, 3), (stride, 1))
+                with _refused("construction (blocks_overlap, two blocks)",
+                              ("gpu_tensors[0]", "overlap", f"stride {stride}")):
+                    self.worker_factory([two], self.n_chunks, self.bpc)
         self.record("construction", case=case)
 
     @invariant()
@@ -735,17 +815,25 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         actual = self.worker.pending_job_ids()
         assert actual == expected, f"pending_job_ids() = {actual}, expected {expected}"
 
-    def _clashes(self, kind, blocks, chunks, offset) -> tuple[str, ...]:
-        """How a refusal may name what this transfer clashes on: each clashing sub-block
-        (``chunk c``) and GPU block (``gpu block b``); any one of them will do."""
-        b_read, b_written, s_read, s_written = self._touched()
+    def _clashes(self, kind, blocks, chunks, offset) -> tuple:
+        """How a refusal may name what this transfer clashes on: a clashing sub-block (``chunk
+        c``, and ``sub-block j`` where chunks have several) or GPU block (``gpu block b``)
+        together with the unreported job it clashes with (``store job 3``); any pair will do."""
         slots = self._slots(chunks, offset, len(blocks))
-        if kind == STORE:
-            bad_slots, bad_blocks = s_read | s_written, b_written
-        else:
-            bad_slots, bad_blocks = s_written, b_read | b_written
-        return tuple([f"chunk {s // self.bpc}" for s in slots if s in bad_slots]
-                     + [f"gpu block {b}" for b in blocks if b in bad_blocks])
+        pairs = []
+        for job_id, job in self.pending.items():
+            who = f"{job.kind} job {job_id}"
+            slot_clash = kind == STORE or job.kind == STORE  # a load may share a load's source
+            block_clash = kind == LOAD or job.kind == LOAD  # a store may share a store's source
+            if slot_clash:
+                for s in slots:
+                    if s in job.slots:
+                        where = (f"chunk {s // self.bpc}",) + (
+                            (f"sub-block {s % self.bpc}",) if self.bpc > 1 else ())
+                        pairs.append((*where, who))
+            if block_clash:
+                pairs += [(f"gpu block {b}", who) for b in blocks if b in job.blocks]
+        return tuple(pairs)
 
     def _snapshot(self):
         out = [(f"gpu layer {i}", raw.cpu().clone()) for i, raw in enumerate(self.raw)]
@@ -780,9 +868,30 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                         f"should hold label {self.slot_label[s]} ({_describe(actual[s])})")
 
 
-def _alternatives(name) -> tuple[str, ...]:
-    """A name a message must hold: a string, or a tuple of strings of which one will do."""
-    return name if isinstance(name, tuple) else (name,)
+@contextlib.contextmanager
+def _refused(what: str, names):
+    """The block must raise ValueError whose message says every one of ``names``."""
+    try:
+        yield
+    except ValueError as exc:
+        missing = [m for m in names if not _names(str(exc), m)]
+        assert not missing, f"{what} refused with {str(exc)!r}, which does not name {missing}"
+    else:
+        raise AssertionError(f"{what} was accepted")
+
+
+def _says(message: str, words: str) -> bool:
+    """``words`` stand in ``message`` whole and as written: not inside a longer name or number
+    (``n`` is not said by ``XXnXX``, nor ``chunk 2`` by ``chunk 2.5``)."""
+    return re.search(rf"(?<![\w.]){re.escape(words)}(?!\w|\.\d)", message) is not None
+
+
+def _names(message: str, name) -> bool:
+    """A name a refusal must hold: a string, or a tuple of alternatives of which one will do,
+    each a string or a tuple of strings that must all be said."""
+    if isinstance(name, str):
+        return _says(message, name)
+    return any(all(_says(message, w) for w in ((a,) if isinstance(a, str) else a)) for a in name)
 
 
 def _describe(row: torch.Tensor) -> str:
@@ -805,6 +914,7 @@ CopiesPaddedPageMachine = machine_for(bad_workers.CopiesPaddedPage)
 ReportsBeforeCopyMachine = machine_for(bad_workers.ReportsBeforeCopy)
 ReportsOutOfOrderMachine = machine_for(bad_workers.ReportsOutOfOrder)
 WritesBeforeValidatingMachine = machine_for(bad_workers.WritesBeforeValidating)
+FailsEitherDirectionMachine = machine_for(bad_workers.FailsEitherDirection)
 BAD_MACHINES = {cls.__name__: globals()[f"{cls.__name__}Machine"]
                 for cls in bad_workers.BAD_WORKERS}  # worker name -> its machine
 

@@ -354,6 +354,9 @@ CAUGHT_BY = {
     "ReportsOutOfOrder": "reported before the earlier",
     # Either a refused transfer changed bytes, or a load with an injected failure wrote a page.
     "WritesBeforeValidating": ("changed bytes", "should hold label"),
+    # A store fails for a failure queued for loads: reported success=False, or (when the
+    # copy was made to raise) never run, so last_error is not what it raised.
+    "FailsEitherDirection": ("success=", "last_error"),
 }
 
 
