@@ -1,6 +1,7 @@
 """Every report file a command writes, in one place: the history (JSON lines), JUnit XML (for
 ``check`` and ``mutants``) and the repro file. Each is written atomically
-(``kvgate.outputs``); the paths were checked before the runs started."""
+(``kvgate.outputs``); the paths were checked before the runs started, and a write that fails
+even so (a full disk) is one ``OutputError`` line naming the flag, the old file left whole."""
 from __future__ import annotations
 
 import json
@@ -25,13 +26,14 @@ def write_history(path: str, runs: Sequence[Run]) -> int:
         lines.append(json.dumps(header, default=repr))
         lines.extend(json.dumps({"run": run.name, **entry}, default=repr)
                      for entry in run.result.history)
-    write_atomic(path, "".join(line + "\n" for line in lines))
+    write_atomic(path, "".join(line + "\n" for line in lines), flag="--history")
     return len(lines)
 
 
 def _write_xml(path: str, root: ET.Element) -> None:
     write_with(path, lambda out: ET.ElementTree(root).write(out, encoding="utf-8",
-                                                              xml_declaration=True), binary=True)
+                                                              xml_declaration=True),
+               binary=True, flag="--junit-xml")
 
 
 def _suite(name: str, tests: int, failures: int, errors: int, seconds: float):
@@ -98,5 +100,5 @@ def write_repro(path: str, runs: Sequence[Run], steps: int) -> int:
                                 message=r.message, program=list(r.program), notes=notes,
                                 step_count=steps))
     if failures:
-        write_atomic(path, render(failures, path))
+        write_atomic(path, render(failures, path), flag="--repro")
     return len(failures)

@@ -223,14 +223,23 @@ def run_replay(args) -> int:
                 text += f"\n\n{r.target} T={r.settings.store_threshold} " \
                         f"chunks={r.settings.num_chunks}: {r.divergence}"
     print(text)
+    try:
+        write_outputs(args, text, reports)
+    except OutputError as e:  # a write that failed after the check passed (a full disk)
+        print(f"kvgate replay: {e}", file=sys.stderr)
+        return 2
+    return 1 if any(r.divergence or r.data_errors for r in reports) else 0
+
+
+def write_outputs(args, text: str, reports: Sequence[ReplayReport]) -> None:
+    """The report, the figures and the plot, each where a flag asked for it."""
     if args.out:
-        write_atomic(args.out, text + "\n")
+        write_atomic(args.out, text + "\n", flag="--out")
     if args.json:
-        write_atomic(args.json, reports_json(reports) + "\n")
+        write_atomic(args.json, reports_json(reports) + "\n", flag="--json")
     if args.plot:
         plot_sweep(reports, args.plot, title=Path(args.trace).name)
         print(f"plot written to {args.plot}", file=sys.stderr)
-    return 1 if any(r.divergence or r.data_errors for r in reports) else 0
 
 
 def main_replay(argv: Sequence[str] | None = None) -> int:

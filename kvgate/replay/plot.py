@@ -67,6 +67,7 @@ def plot_sweep(reports: Sequence[ReplayReport], path: str | Path, title: str = "
     fig.tight_layout()
     path = Path(path)
     suffix = Path(path).suffix.lstrip(".") or "png"
-    write_with(path, lambda out: fig.savefig(out, dpi=120, format=suffix), binary=True)
+    write_with(path, lambda out: fig.savefig(out, dpi=120, format=suffix), binary=True,
+               flag="--plot")
     plt.close(fig)
     return path
