@@ -49,9 +49,9 @@ from collections import OrderedDict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvgate.impl.base import ReqContext, make_key  # noqa: E402
-from kvgate.impl.manager import OffloadingManager  # noqa: E402
-from kvgate.impl.policies.base import Resident  # noqa: E402
+from kvgate.impl.base import ReqContext, make_key
+from kvgate.impl.manager import OffloadingManager
+from kvgate.impl.policies.base import Resident
 
 OFFER = 10
 GOAL = 1.5

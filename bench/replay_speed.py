@@ -15,10 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvgate.impl.traces import load_trace  # noqa: E402
-from kvgate.replay import ReplaySettings, replay  # noqa: E402
+from kvgate.impl.traces import load_trace
+from kvgate.replay import ReplaySettings, replay
 
-DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared/data/mooncake/conversation_trace.jsonl"
+DEFAULT_TRACE = (Path(__file__).resolve().parents[2]
+                 / "shared/data/mooncake/conversation_trace.jsonl")
 
 
 def main() -> int:

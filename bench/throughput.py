@@ -24,7 +24,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.runner import run_machine
 from kvgate.properties.targets import resolve_target

@@ -16,8 +16,8 @@ caches another copy left), median of the rounds for each:
   ``index_select`` into a buffer and ``index_copy_``), ``dst[ids] = src[ids2]`` (advanced
   indexing), ``_foreach_copy_`` of row views, per-row ``copy_`` of row views, and ``runs as
   slices`` (each run of consecutive id pairs copied as one slice: the runs are found beforehand,
-  the slices are taken in the timed call, as ``dst[a:b].copy_(src[c:d])`` is written). A candidate that cannot run on
-  the device (or copies wrong bytes) is left out of that case.
+  the slices are taken in the timed call, as ``dst[a:b].copy_(src[c:d])`` is written). A
+  candidate that cannot run on the device (or copies wrong bytes) is left out of that case.
 - memory bound: one contiguous ``copy_`` of the same number of bytes.
 
 The ratios are worker / fastest plain candidate (named in the table) and worker / memory bound,
@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvgate.impl.worker import LOAD, STORE, OffloadWorker, _Job  # noqa: E402
+from kvgate.impl.worker import LOAD, STORE, OffloadWorker, _Job
 
 KIB = 1024
 GOAL = 0.9

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvgate.impl.worker import OffloadWorker, _Job, _long_runs, _picker  # noqa: E402
+from kvgate.impl.worker import OffloadWorker, _Job, _long_runs, _picker
+
 
 def case(page: int, n: int, layers: int, pattern: str) -> str:
     rng = random.Random(0)

@@ -22,7 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.vllm_releases import gate_facts, releases, run_python  # noqa: E402
+from tests.vllm_releases import gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
+
 PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
 # Why the gate is right where a release differs: the seed's claim each verdict rests on.
 ARGUMENTS = {

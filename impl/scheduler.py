@@ -72,7 +72,8 @@ def block_hashes_of(tokens: Sequence[int], block_size: int, parent: bytes = b"")
     out: list[bytes] = []
     h = parent
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        payload = h + b"|" + ",".join(str(int(t)) for t in tokens[start:start + block_size]).encode()
+        block = tokens[start:start + block_size]
+        payload = h + b"|" + ",".join(str(int(t)) for t in block).encode()
         h = hashlib.blake2b(payload, digest_size=HASH_BYTES).digest()
         out.append(h)
     return out
@@ -83,7 +84,8 @@ def hash_id_to_block_hash(hash_id: int) -> bytes:
     return int(hash_id).to_bytes(HASH_BYTES, "big")
 
 
-def chunk_keys(block_hashes: Sequence[bytes], blocks_per_chunk: int, group_idx: int = 0) -> list[bytes]:
+def chunk_keys(block_hashes: Sequence[bytes], blocks_per_chunk: int,
+               group_idx: int = 0) -> list[bytes]:
     """One key per complete chunk, named after the chunk's last block hash."""
     n = len(block_hashes) // blocks_per_chunk
     return [make_key(block_hashes[(i + 1) * blocks_per_chunk - 1], group_idx) for i in range(n)]

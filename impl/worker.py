@@ -49,8 +49,8 @@ Transfers (both return at once; ``kind`` is ``"store"`` for GPU -> CPU, ``"load"
   still reports them). Unknown and already reported ids are ignored.
 - ``fail_next(n=1, kind=None)``: the next ``n`` accepted jobs (of ``kind``, or of either
   direction) fail: each is reported with ``success=False`` and writes nothing. Calls add up; an
-  accepted job uses a failure queued for its own direction first, else one queued for either. A copy that
-  raises is also reported with ``success=False`` (the exception is kept in
+  accepted job uses a failure queued for its own direction first, else one queued for either. A
+  copy that raises is also reported with ``success=False`` (the exception is kept in
   ``worker.last_error``); its destination bytes are then unspecified (an injected failure is the
   only kind that guarantees nothing was written).
 - ``pending_job_ids()``: ids submitted and not yet reported, in submission order.
@@ -78,7 +78,8 @@ import collections
 import dataclasses
 import operator
 import time
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -88,7 +89,7 @@ STORE = "store"
 LOAD = "load"
 KINDS = (STORE, LOAD)
 
-_WORD_DTYPES = ((8, torch.int64), (4, torch.int32), (2, torch.int16))
+_WORD_DTYPES = (torch.int64, torch.int32, torch.int16)  # the widest first
 _SLICE_RUN = 4  # runs this long are copied as one slice; shorter ones row by row
 
 
@@ -173,7 +174,7 @@ def _runs(rows: list[int]) -> list[tuple[int, int, int]]:
 
 def _word_view(*byte_views: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The same rows seen as the widest integer words that every view allows (faster copies)."""
-    for size, dtype in _WORD_DTYPES:
+    for dtype in _WORD_DTYPES:
         try:
             return tuple(v.view(dtype) for v in byte_views)
         except RuntimeError:

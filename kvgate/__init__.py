@@ -23,4 +23,4 @@ __version__ = "0.2.0"
 if _util.find_spec(__name__ + ".model") is None:  # not installed: serve the source tree
     _tree = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
     if _os.path.isfile(_os.path.join(_tree, "model", "admission.py")):
-        __path__.append(_tree)  # noqa: F821 - a package's own __path__
+        __path__.append(_tree)  # a package's own __path__

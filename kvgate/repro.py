@@ -104,7 +104,8 @@ def _steps_test(f: Failure, name: str) -> list[str]:
         "",
         "",
         f"# {_first_line(f.message)[:200]}",
-        "@settings(max_examples=1, database=None, deadline=None, phases=[Phase.generate], print_blob=False)",
+        "@settings(max_examples=1, database=None, deadline=None, phases=[Phase.generate], "
+        "print_blob=False)",
         "@given(st.none())",
         f"def {name}(_):",
     ]
@@ -126,8 +127,8 @@ def _steps_test(f: Failure, name: str) -> list[str]:
 def _blob_test(f: Failure, name: str) -> list[str]:
     blob = f.blob
     if blob is None:
-        return ["", "", f"def {name}():",
-                f"    raise AssertionError({('no replayable steps were printed for: ' + _first_line(f.message))!r})"]
+        why = "no replayable steps were printed for: " + _first_line(f.message)
+        return ["", "", f"def {name}():", f"    raise AssertionError({why!r})"]
     version, data = blob
     steps = "\n".join(f"#     {line}" for line in f.program)
     return [

@@ -1,1 +1,2 @@
-"""What kvgate checks and how: the lockstep oracle, the state machines and their coverage labels, targets and adapters, the catalogue of known-bad variants. The command line is ``kvgate.cli``."""
+"""What kvgate checks and how: the lockstep oracle, the state machines and their coverage labels,
+targets and adapters, the catalogue of known-bad variants. The command line is ``kvgate.cli``."""

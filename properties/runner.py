@@ -94,13 +94,12 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
         # Hypothesis reads the seed from the machine class, not from a wrapper around it.
         from hypothesis import seed as with_seed
         with_seed(seed)(Counted)
-    test = lambda: run_state_machine_as_test(Counted, settings=settings)  # noqa: E731
     start = time.perf_counter()
     error = None
     stats: list[dict] = []
     try:
         with collector.with_value(stats.append):
-            test()
+            run_state_machine_as_test(Counted, settings=settings)
     except Exception as exc:  # a property failure (or a target that broke)
         error = exc
     seconds = time.perf_counter() - start

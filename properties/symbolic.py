@@ -85,7 +85,10 @@ def small_state(tracker: SmallTracker, counted: frozenset[Key], skipped: frozens
     count, count 0 means untracked, the most recent ``max_tracker_size`` keys stay."""
     t, size = int(threshold), max(1, int(max_tracker_size))
     pairs = dict((k.value, int(n)) for k, n in tracker if n) if t >= 2 else {}
-    keys = lambda s: frozenset(k.value for k in s)  # noqa: E731
+
+    def keys(chosen) -> frozenset:
+        return frozenset(k.value for k in chosen)
+
     return (tuple(pairs.items())[-size:], keys(counted), keys(skipped),
             tuple(k.value for k in offer[:3]), keys(resident), t, size)
 

@@ -42,10 +42,12 @@ import contextlib
 import math
 import re
 import sys
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
-from hypothesis import note as _hypothesis_note, strategies as st
+from hypothesis import note as _hypothesis_note
+from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 

@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
+import tests.fake_vllm as fake
 from kvgate.cli import main
 from kvgate.properties.manager_machine import EXACT_ONLY
 from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
-
-import tests.fake_vllm as fake
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--profile", "ci", "--max-examples", "30", "--steps", "20"]

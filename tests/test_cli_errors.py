@@ -192,7 +192,7 @@ def _as_user(uid: int, commands: list[list[str]]) -> list[tuple[int, str, str]]:
                 out.append([code, err.getvalue(), std.getvalue()])
             os.write(write, json.dumps(out).encode())
             status = 0
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails
+        except BaseException as exc:  # reported to the parent, which fails
             os.write(write, json.dumps(repr(exc)).encode())
         finally:
             os._exit(status)

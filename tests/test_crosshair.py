@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgate.model import admission
-from kvgate.properties import laws
-from kvgate.properties import symbolic
+from kvgate.properties import laws, symbolic
 from kvgate.properties.symbolic import Key, Small, call_checked, call_checked_on, small_state
 
 pytestmark = pytest.mark.crosshair

@@ -3,8 +3,10 @@ and no module of the tree imports itself back through another."""
 from __future__ import annotations
 
 import ast
-import tomllib
+import re
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"kvgate": "kvgate", "model": "kvgate.model", "impl": "kvgate.impl",
@@ -99,3 +101,45 @@ def test_no_import_loop():
     for name in sorted(graph):
         if name not in state:
             visit(name)
+
+
+def _tree_python_files() -> list[Path]:
+    """Every Python file of the tree (not environments, caches or mutation copies)."""
+    left_out = {"mutants", "build", "node_modules"}
+    return [p for p in sorted(ROOT.rglob("*.py"))
+            if not any(part.startswith(".") or part in left_out
+                       for part in p.relative_to(ROOT).parts[:-1])]
+
+
+NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)$")
+# `noqa: CODE[, CODE] - why`: the codes it silences, then the reason.
+WITH_REASON = re.compile(r":\s*[A-Z]+[0-9]+(\s*,\s*[A-Z]+[0-9]+)*\s+-\s+\w")
+
+
+def test_every_noqa_names_its_codes_and_says_why():
+    bare = []
+    for path in _tree_python_files():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            found = NOQA.search(line)
+            if found and not WITH_REASON.match(found.group("rest")):
+                bare.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not bare, "a noqa without its codes and reason:\n" + "\n".join(bare)
+
+
+def test_the_guardrails_are_pinned_and_run_before_the_tests():
+    """ruff and mypy come from the `lint` extra at the versions constraints.txt pins; .ci/run
+    runs .ci/lint before the tests, and the pre-commit hooks run the same three checks."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = dict(line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().split()
+                if "==" in line and not line.startswith("#"))
+    lint = {re.match(r"[A-Za-z0-9_.-]+", req).group(0)
+            for req in project["project"]["optional-dependencies"]["lint"]}
+    assert lint == {"ruff", "mypy"} and lint <= set(pins), (lint, pins)
+    assert project["tool"]["ruff"]["line-length"] == 100
+    ci = (ROOT / ".ci" / "run").read_text()
+    lint_at = ci.index("\n.ci/lint\n")
+    assert lint_at < ci.index("\npython -m pytest"), "lint runs before the tests"
+    assert "lint]'" in ci[:lint_at], ".ci/run installs the lint extra first"
+    hooks = (ROOT / ".pre-commit-config.yaml").read_text()
+    for entry in ("ruff check", "ruff format --check", ".ci/lint mypy"):
+        assert f"entry: {entry}" in hooks, entry

@@ -19,7 +19,8 @@ def count(m: Model, k: bytes) -> int:
 
 
 def fill(m: Model, T: int, names) -> list:
-    """Admit keys of other requests (each offered by T requests) and leave their stores in flight."""
+    """Admit keys of other requests (each offered by T requests) and leave their stores in
+    flight."""
     keys = [key(n) for n in names]
     for r in range(T - 1):
         assert m.prepare_store(keys, f"fill{r}") == ([], [], [])

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceError, load_trace
-from kvgate.replay import (ReplaySettings, format_table, main_replay, plot_sweep, replay,
-                               reports_from_json)
+from kvgate.replay import (
+    ReplaySettings,
+    format_table,
+    main_replay,
+    plot_sweep,
+    replay,
+    reports_from_json,
+)
 
 DATA = Path(__file__).parent / "data"
 CONVERSATION = DATA / "mooncake_conversation_300.jsonl"
@@ -199,7 +205,8 @@ def test_a_worker_that_reports_before_copying_is_caught_end_to_end():
     from kvgate.properties.bad_workers import ReportsBeforeCopy
     from kvgate.properties.tagged_worker import TaggedCopyWorker
     settings = replace(STRESS[SYNTHETIC], store_threshold=1, verify=True)
-    worker = TaggedCopyWorker(settings.gpu_blocks, settings.num_chunks, worker_cls=ReportsBeforeCopy)
+    worker = TaggedCopyWorker(settings.gpu_blocks, settings.num_chunks,
+                              worker_cls=ReportsBeforeCopy)
     report = replay(load_trace(SYNTHETIC, limit=80), "impl", settings, worker=worker)
     # Its stores report before the bytes land too, so the first error is a chunk that does not
     # hold its key's blocks when a load reads it.
@@ -216,7 +223,8 @@ def test_null_worker_tags_verify_the_same_way():
 
 def test_foreign_targets_are_checked_with_their_choices_adopted():
     trace = load_trace(SYNTHETIC, limit=80)
-    ok = replay(trace, "foreign=kvgate.impl.manager:OffloadingManager", STRESS[SYNTHETIC], check=True)
+    ok = replay(trace, "foreign=kvgate.impl.manager:OffloadingManager", STRESS[SYNTHETIC],
+                check=True)
     assert ok.divergence is None and ok.admitted > 0
     bad = replay(trace, "foreign=kvgate.properties.mutants:EveryOfferCounts", STRESS[SYNTHETIC],
                  check=True)

@@ -9,9 +9,9 @@ from kvgate.impl.base import LookupResult, ReqContext, make_key
 from kvgate.impl.manager import OffloadingManager
 from kvgate.impl.scheduler import Request, RequestState, Scheduler, block_hashes_of, chunk_keys
 from kvgate.model.cache import Model
-from kvgate.properties.oracle import Divergence, LockstepManager
 from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.null_worker import NullWorker
+from kvgate.properties.oracle import Divergence, LockstepManager
 from kvgate.properties.runner import run_machine
 from kvgate.properties.scheduler_machine import machine_for
 from kvgate.properties.targets import NativeAdapter

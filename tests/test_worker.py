@@ -136,7 +136,8 @@ def test_offset_store_and_suffix_load(device):
     w.submit_store(1, [0, 1, 2, 3, 4, 5], [1, 0], offset=2)
     finished(w, [1])
     for layer in range(3):
-        assert not bool(sub_block(w, layer, 1, 0).any()) and not bool(sub_block(w, layer, 1, 1).any())
+        assert not bool(sub_block(w, layer, 1, 0).any())
+        assert not bool(sub_block(w, layer, 1, 1).any())
         assert torch.equal(sub_block(w, layer, 1, 2), lay.page(layer, 0))
         assert torch.equal(sub_block(w, layer, 1, 3), lay.page(layer, 1))
         for j in range(4):

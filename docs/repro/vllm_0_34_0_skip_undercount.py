@@ -28,7 +28,8 @@ manager.complete_store([B], r2, success=False)
 manager.prepare_store([C, B, A], r2)  # r2 resumes after a preemption
 
 stats = manager.get_stats().reduce()
-skipped = next(v for k, v in stats.items() if str(getattr(k, "value", k)).endswith("stores_skipped"))
+skipped = next(v for k, v in stats.items()
+               if str(getattr(k, "value", k)).endswith("stores_skipped"))
 print(f"stores_skipped = {skipped}; the rule says 4 (r1: B; r2: C, A, B)")
 if skipped < 4:
     print("reproduced: r2's first skip of B, a key it had admitted before, was not counted")

@@ -20,8 +20,14 @@ class Display:
 
     def __enter__(self):
         if self.rich:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                                       TextColumn, TimeElapsedColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
             self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
                                       BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                       console=self._console, transient=True)

@@ -116,9 +116,15 @@ class _Progress:
 
     def __enter__(self):
         if self.enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
             from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
                                  MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
                                  console=Console(stderr=True), transient=True)
@@ -158,7 +164,7 @@ def check_device(args) -> None:
                                "no usable CUDA device")
     try:
         torch.empty(1, device=device)
-    except Exception as exc:  # noqa: BLE001 - any backend refusal is this one line
+    except Exception as exc:  # any backend refusal is this one line
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ReplayUsageError(f"--device {args.device}: cannot allocate there: {first}") \
             from None

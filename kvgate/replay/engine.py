@@ -39,12 +39,10 @@ from typing import Any
 
 from kvgate.impl.scheduler import Scheduler
 from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
-
 from kvgate.properties.audit import Audit
-from kvgate.properties.oracle import Divergence, LockstepManager, fmt_key
 from kvgate.properties.null_worker import NullWorker
+from kvgate.properties.oracle import Divergence, LockstepManager, fmt_key
 from kvgate.properties.targets import TargetError, resolve_target
-
 
 # --------------------------------------------------------------------------- targets
 
@@ -217,5 +215,6 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
         report.data_errors = len(errors)
         report.data_error_examples = errors[:5]
     report.hit_rate = c.hit_rate
-    report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in audit.cold[:5]]
+    report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}"
+                            for st, k, n in audit.cold[:5]]
     return report

@@ -17,7 +17,7 @@ class PlotUnavailable(Exception):
 def require_matplotlib() -> None:
     """Raise ``PlotUnavailable`` (one line saying what to install) when matplotlib is missing."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401 - imported to learn whether it is installed
     except ImportError:
         raise PlotUnavailable("matplotlib is not installed; install the plot extra: "
                               "pip install 'kvgate[plot]'") from None

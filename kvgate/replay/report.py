@@ -8,7 +8,6 @@ from pathlib import Path
 
 from .engine import ReplayReport, ReplaySettings
 
-
 COLUMNS = (("target", "target"), ("policy", "policy"), ("T", "store_threshold"),
            ("chunks", "num_chunks"), ("requests", "requests"), ("offers", "offers"),
            ("admitted", "admitted"), ("cold", "cold_admissions"), ("skips", "skips"),
@@ -50,8 +49,11 @@ def format_table(reports: Sequence[ReplayReport], fmt: str = "text") -> str:
         out += ["| " + " | ".join(row) + " |" for row in rows]
         return "\n".join(out)
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
-    line = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
-                                   for i, (c, w) in enumerate(zip(cells, widths)))
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 

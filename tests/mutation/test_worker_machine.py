@@ -14,8 +14,8 @@ from hypothesis import Phase
 
 import kvgate.impl.worker
 from kvgate.impl.worker import OffloadWorker
-from kvgate.properties.runner import run_machine
 from kvgate.properties import worker_machine
+from kvgate.properties.runner import run_machine
 from kvgate.properties.worker_machine import machine_for
 
 PROFILE = "ci"
