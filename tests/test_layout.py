@@ -143,3 +143,74 @@ def test_the_guardrails_are_pinned_and_run_before_the_tests():
     hooks = (ROOT / ".pre-commit-config.yaml").read_text()
     for entry in ("ruff check", "ruff format --check", ".ci/lint mypy"):
         assert f"entry: {entry}" in hooks, entry
+
+
+# --------------------------------------------------------------------------- one name per module
+
+# Run with ``python -S`` (no site-packages: no install of any kind) from the tree's root.
+NEVER_INSTALLED = """
+import importlib, importlib.util, json, sys
+sys.path.insert(0, {root!r})
+found = {{n: getattr(importlib.util.find_spec(n), "origin", None)
+         for n in ("kvgate.model", "kvgate.impl", "kvgate.properties", "kvgate.cli",
+                   "kvgate.tests", "kvgate.bench", "kvgate.kvgate", "kvgate.docs")}}
+importlib.import_module("kvgate.impl.base")
+importlib.import_module("kvgate.model.cache")
+refused = {{}}
+for name in ("impl", "impl.base", "model", "model.cache", "properties"):
+    try:
+        importlib.import_module(name)
+    except ImportError as exc:
+        refused[name] = str(exc)
+files = {{}}
+for name, module in list(sys.modules.items()):
+    if (getattr(module, "__file__", None) or "").startswith({root!r} + "/"):
+        files.setdefault(module.__file__, []).append(name)
+print(json.dumps({{"found": found, "refused": refused,
+                  "twice": {{f: n for f, n in files.items() if len(n) > 1}}}}))
+"""
+
+
+def test_a_source_tree_never_installed_serves_exactly_the_three_parts():
+    import json
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-S", "-c", NEVER_INSTALLED.format(root=str(ROOT))],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    found = answer["found"]
+    for part in ("model", "impl", "properties"):
+        assert found[f"kvgate.{part}"] == str(ROOT / part / "__init__.py"), found
+    assert found["kvgate.cli"] == str(ROOT / "kvgate" / "cli" / "__init__.py")
+    for stray in ("kvgate.tests", "kvgate.bench", "kvgate.kvgate", "kvgate.docs"):
+        assert found[stray] is None, (stray, found[stray])
+    refused = answer["refused"]
+    assert set(refused) == {"impl", "impl.base", "model", "model.cache", "properties"}, refused
+    assert "this folder is kvgate.impl" in refused["impl.base"]
+    assert "this folder is kvgate.model" in refused["model.cache"]
+    assert answer["twice"] == {}, answer["twice"]
+
+
+def test_no_file_of_the_tree_is_loaded_under_two_names_here():
+    """In this test process (the installed tree, its root on ``sys.path``): the three folders'
+    own names are refused, and every file of the tree that is loaded has one name."""
+    import importlib
+    import sys
+    for name in ("impl", "model", "properties", "impl.scheduler"):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            assert "is not its name" in str(exc) or "No module named" in str(exc), exc
+        else:
+            raise AssertionError(f"{name} was imported under its folder's name")
+    importlib.import_module("kvgate.properties.oracle")
+    names: dict[str, list[str]] = {}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        path = Path(file).resolve() if file else None
+        if path and path.is_relative_to(ROOT) and not path.relative_to(ROOT).parts[0].startswith("."):
+            names.setdefault(str(Path(file).resolve()), []).append(name)
+    assert names, "no module of the tree is loaded"
+    twice = {f: n for f, n in names.items() if len(n) > 1}
+    assert not twice, twice
