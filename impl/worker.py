@@ -3,7 +3,8 @@
 API
 ===
 
-``OffloadWorker(gpu_tensors, num_chunks, blocks_per_chunk=1, *, check_hazards=True)``
+``OffloadWorker(gpu_tensors, num_chunks, blocks_per_chunk=1, *, check_hazards=True,
+clock=time.perf_counter)``
 
 - ``gpu_tensors``: one tensor per layer, all on one device, any dtype and shape whose first
   dimension is ``num_gpu_blocks`` (the same for every layer). The data of one block must be
@@ -44,7 +45,7 @@ Transfers (both return at once; ``kind`` is ``"store"`` for GPU -> CPU, ``"load"
   is not done; the list as a whole is in submission order). ``TransferResult(job_id, success,
   bytes, seconds)``: ``bytes`` is the number of bytes moved (``len(gpu_blocks) *
   sum(page_bytes)`` on success, 0 on failure), ``seconds`` the copy's duration (CUDA events on
-  the GPU, wall time on the CPU path; 0.0 for an injected failure).
+  the GPU, ``clock`` readings around the copy on the CPU path; 0.0 for an injected failure).
 - ``wait(job_ids)``: blocks until those jobs are done (done, not reported: ``get_finished``
   still reports them). Unknown and already reported ids are ignored.
 - ``fail_next(n=1, kind=None)``: the next ``n`` accepted jobs (of ``kind``, or of either
@@ -78,7 +79,7 @@ import collections
 import dataclasses
 import operator
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -192,6 +193,7 @@ class OffloadWorker:
         blocks_per_chunk: int = 1,
         *,
         check_hazards: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
     ):
         if isinstance(gpu_tensors, torch.Tensor) or not isinstance(gpu_tensors, Sequence):
             raise ValueError("gpu_tensors must be a list with one tensor per layer")
@@ -223,6 +225,7 @@ class OffloadWorker:
         self.device = device
         self.is_cuda = device.type == "cuda"
         self.check_hazards = check_hazards
+        self.clock = clock  # seconds, read before and after a CPU copy
 
         self.gpu_pages: list[torch.Tensor] = [
             self._byte_view(t, i) for i, t in enumerate(gpu_tensors)]
@@ -450,9 +453,9 @@ class OffloadWorker:
                 self._copy_cuda(job)
                 job.success = True
             else:
-                start = time.perf_counter()
+                start = self.clock()
                 self._copy_cpu(job)
-                job.seconds = time.perf_counter() - start
+                job.seconds = self.clock() - start
                 job.success = True
         except Exception as exc:  # reported as success=False, never raised to the caller
             if self.is_cuda:  # copies enqueued before the error must end before we report

@@ -1,13 +1,13 @@
 """A state machine that drives one copy worker alone against a byte model (SPEC section 6).
 
-The model is deliberately trivial: every GPU block and every CPU sub-block holds a *label*, an
-int; the bytes of label ``v`` in layer ``l`` are a fixed function of ``(v, l)`` (label 0 is all
-zeros, what a fresh CPU tier holds), and the padding after each GPU page holds a fixed pattern of
-``(layer, block)`` that nothing may change. A store copies labels from blocks to sub-blocks, a
-load from sub-blocks to blocks, a GPU write gives a block a new label. After every step the
-machine compares every byte it can predict: GPU pages and padding, and the worker's CPU tier
+The model (``properties.worker_bytes``) is deliberately trivial: every GPU block and every CPU
+sub-block holds a *label*, whose bytes are a fixed function of the label and the layer, and the
+padding after each GPU page a pattern nothing may change. After every step the machine compares
+every byte it can predict: GPU pages and padding, and the worker's CPU tier
 (``worker.cpu_tensors``, whose shape SPEC section 6 fixes); only the destinations of jobs not yet
-reported are left out, since their copy may or may not have run.
+reported are left out, since their copy may or may not have run. The layouts it builds workers
+for are ``properties.worker_layouts``; the bad transfers and constructions, and what their
+refusals must say, ``properties.worker_defects``.
 
 Rules: submit store / load (random blocks and chunks, with sub-block offsets), GPU writes,
 ``get_finished`` (each job exactly once, oldest first per direction, ``success``/``bytes`` as
@@ -18,16 +18,15 @@ arguments, and invalid transfers (``ValueError``, every byte unchanged, no job, 
 up). On the CPU path copies are synchronous, so each ``get_finished`` there must report every
 job, and a copy that moved bytes reports a duration above 0.
 
-A refusal must *say* what is wrong, each name whole and as written (``job_id``, not
-``XXjob_idXX``; ``chunk 2``, not ``chunk 2.5``): the argument and its bad value; for a clash, a
-clashing GPU block or sub-block (``gpu block 3``; ``chunk 1`` and ``sub-block 0``) together
-with the unreported job it clashes with (``store job 4``); for a wrong chunk count, the
-direction.
+A refusal must *say* what is wrong, each name whole and as written (``properties.worker_defects``
+has the rules).
 
-``machine_for(factory)`` builds the machine for any worker factory with the signature
-``factory(gpu_tensors, num_chunks, blocks_per_chunk)``. The module defines one machine per
-worker of ours (``OffloadWorkerMachine`` and one per known-bad worker) so that a printed
-counterexample (``state = OffByOneOffsetMachine()`` ...) replays after
+``make_machine(factory)`` builds the machine for any worker factory with the signature
+``factory(gpu_tensors, num_chunks, blocks_per_chunk=1, *, clock)``: ``clock`` is the worker's
+clock (seconds), which the machine gives it so that the seconds a copy reports are the same in
+every replay of an example. The module defines one machine per worker of ours
+(``OffloadWorkerMachine`` and one per known-bad worker) so that a printed counterexample
+(``state = OffByOneOffsetMachine()`` ...) replays after
 ``from kvgate.properties.worker_machine import *``.
 
 Generated values that depend on the layout are *picks*: ``picks=[3, 0]`` means "the 3rd and the
@@ -38,9 +37,7 @@ reads in block and chunk ids.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import re
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -51,64 +48,18 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-import kvgate.impl.worker as worker_module
 from kvgate.impl.worker import LOAD, STORE, OffloadWorker, TransferResult
-from kvgate.properties import bad_workers
-from kvgate.properties.coverage import Recorded
 
-DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "float16": torch.float16,
-          "int32": torch.int32, "float32": torch.float32, "int64": torch.int64}
-
-
-class LayerSpec(NamedTuple):
-    """One layer: page size, padding after each page (bytes), dtype, K/V split of the page."""
-
-    page_bytes: int
-    pad_bytes: int = 0
-    dtype: str = "uint8"
-    split: bool = False
-
-
-class WorkerLayout(NamedTuple):
-    layers: tuple[LayerSpec, ...]
-    num_gpu_blocks: int
-    num_chunks: int
-    blocks_per_chunk: int
-
-
-@st.composite
-def layer_specs(draw) -> LayerSpec:
-    dtype = draw(st.sampled_from(list(DTYPES)))
-    elem = DTYPES[dtype].itemsize
-    split = draw(st.booleans())
-    elems = draw(st.integers(1, 6)) * (2 if split else 1)
-    pad = draw(st.sampled_from([0, 0, 1, 3])) * elem
-    return LayerSpec(elems * elem, pad, dtype, split)
-
-
-def worker_layouts() -> st.SearchStrategy[WorkerLayout]:
-    return st.builds(
-        WorkerLayout,
-        layers=st.lists(layer_specs(), min_size=1, max_size=3).map(tuple),
-        num_gpu_blocks=st.one_of(st.integers(1, 10), st.integers(6, 12)),
-        num_chunks=st.one_of(st.integers(1, 6), st.integers(3, 8)),
-        blocks_per_chunk=st.sampled_from([1, 2, 4, 3]),
-    )
-
+from . import bad_workers, worker_defects
+from .coverage import Recorded
+from .worker_bytes import ByteModel
+from .worker_defects import CTOR_ACCEPTED, CTOR_DEFECTS, DEFECTS, refused
+from .worker_layouts import LayerSpec, WorkerLayout, worker_layouts
 
 PICKS = st.lists(st.integers(0, 63), max_size=4)
 PICK = st.integers(0, 63)
 RUN = st.one_of(st.just(0), st.integers(2, 9))  # a stretch of consecutive blocks (_choose)
 _COPY_ROUTINES = ("_copy_cpu", "_copy_cuda")  # what copy_raises replaces on the instance
-# Constructor calls (bad_construction): the refused ones, then two that must be accepted.
-CTOR_DEFECTS = ("tensor_not_list", "not_a_sequence", "no_layers", "num_chunks_type",
-                "num_chunks_negative", "bpc_type", "bpc_zero", "layer_not_tensor", "layer_0d",
-                "block_count", "device", "no_blocks", "empty_pages", "block_not_contiguous",
-                "blocks_overlap", "not_byte_viewable")
-CTOR_ACCEPTED = ("zero_chunks", "flat_layer_default_bpc", "one_block_any_stride")
-DEFECTS = ("chunk_count", "gpu_block_range", "chunk_range", "negative_id", "repeated_block",
-           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "not_a_sequence",
-           "hazard")
 # How an accepted transfer passes its ids: a list, a tuple (then, at offset 0, without the
 # offset argument: its default is 0), or a 1-d int64 tensor (as vLLM holds block ids).
 ID_FORMS = ("list", "tuple", "tensor")
@@ -121,9 +72,6 @@ def note(text: str) -> None:
         _hypothesis_note(text)
     else:
         print(text)
-
-
-_ROWS: dict[tuple[int, int, int], torch.Tensor] = {}  # (layer, label, page) -> page bytes
 
 
 class _Pending(NamedTuple):
@@ -206,8 +154,8 @@ LABELS = {
 
 
 class TickClock:
-    """A clock that advances one millisecond at each reading: the worker's ``time`` while a
-    machine runs, so the seconds it reports, and the checks on them, are the same in every
+    """A clock that advances one millisecond at each reading: the clock the machine gives each
+    worker it builds, so the seconds it reports, and the checks on them, are the same in every
     replay of an example (a wall clock made a bad worker's failure change between the run and
     its replay: Hypothesis's "inconsistent results")."""
 
@@ -230,17 +178,14 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.worker = None
         self.history: list[dict] = []
         self.clock = TickClock()
-        self._wall_clock, worker_module.time = worker_module.time, self.clock
+
+    def _build(self, *args) -> Any:
+        """A worker from the factory, on the machine's clock."""
+        return self.worker_factory(*args, clock=self.clock.perf_counter)
 
     def teardown(self):
         """The example's last jobs are collected and checked too (else a wrong copy in the
         last job after the final get_finished would go unseen)."""
-        try:
-            self._final_check()
-        finally:
-            worker_module.time = self._wall_clock
-
-    def _final_check(self):
         self.count_labels()
         if sys.exc_info()[0] is not None:  # a step failed: let its error stand
             return
@@ -258,30 +203,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.n_blocks, self.n_chunks = layout.num_gpu_blocks, layout.num_chunks
         self.bpc = layout.blocks_per_chunk
         self.n_slots = self.n_chunks * self.bpc
-        self.gpu_label = list(range(1, self.n_blocks + 1))
-        self.slot_label = [0] * self.n_slots
-        self.next_label = self.n_blocks + 1
-        self.raw: list[torch.Tensor] = []  # uint8 [blocks, page + pad] per layer: page and padding
-        tensors = []
-        for layer, spec in enumerate(layout.layers):
-            width = spec.page_bytes + spec.pad_bytes
-            host = torch.stack([torch.cat([self._content(layer, self.gpu_label[b]),
-                                           self._padding(layer, b)])
-                                for b in range(self.n_blocks)])
-            raw = host.to(self.device)
-            assert raw.shape == (self.n_blocks, width)
-            tensor = raw[:, :spec.page_bytes].view(DTYPES[spec.dtype])
-            if spec.split:
-                tensor = tensor.view(self.n_blocks, 2, -1)
-            self.raw.append(raw)
-            tensors.append(tensor)
-        # What every byte should hold now (host tensors, updated with the labels).
-        self.expected_gpu = [raw.cpu().clone() for raw in self.raw]
-        self.expected_cpu = [torch.zeros((self.n_slots, s.page_bytes), dtype=torch.uint8)
-                             for s in layout.layers]
-        self.bytes_per_block = sum(s.page_bytes for s in layout.layers)
-        self.tensors = tensors
-        self.worker = self.worker_factory(tensors, self.n_chunks, self.bpc)
+        self.bytes = ByteModel(layout, self.device)
+        self.worker = self._build(self.bytes.tensors, self.n_chunks, self.bpc)
         assert getattr(self.worker, "last_error", None) is None, (
             f"a new worker's last_error is {self.worker.last_error!r}: no copy has raised yet")
         self.pending: dict[int, _Pending] = {}
@@ -292,41 +215,13 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.raise_next = False
         self.raised: BaseException | None = None
 
-    # ------------------------------------------------------------------ model
+    # ------------------------------------------------------------------ jobs
 
-    def _content(self, layer: int, label: int) -> torch.Tensor:
-        page = self.layout.layers[layer].page_bytes
-        row = _ROWS.get((layer, label, page))
-        if row is None:
-            if label == 0:
-                row = torch.zeros(page, dtype=torch.uint8)
-            else:
-                assert label < 256, "labels must stay below 256 to stay distinct"
-                pos = torch.arange(page, dtype=torch.int64)
-                row = ((label * 131 + layer * 17 + pos * 29 + 1) % 256).to(torch.uint8)
-            _ROWS[(layer, label, page)] = row
-        return row
-
-    def _padding(self, layer: int, block: int) -> torch.Tensor:
-        pad = self.layout.layers[layer].pad_bytes
-        pos = torch.arange(pad, dtype=torch.int64)
-        return ((255 - block * 7 - layer * 3 - pos * 5) % 256).to(torch.uint8)
-
-    def _set_gpu_label(self, block: int, label: int) -> None:
-        self.gpu_label[block] = label
-        for layer, spec in enumerate(self.layout.layers):
-            self.expected_gpu[layer][block, :spec.page_bytes] = self._content(layer, label)
-
-    def _set_slot_label(self, slot: int, label: int) -> None:
-        self.slot_label[slot] = label
-        for layer in range(len(self.layout.layers)):
-            self.expected_cpu[layer][slot] = self._content(layer, label)
-
-    def _slots(self, chunks, offset, count) -> list[int]:
+    def slots_of(self, chunks, offset, count) -> list[int]:
         bpc = self.bpc
         return [chunks[k // bpc] * bpc + k % bpc for k in range(offset, offset + count)]
 
-    def _touched(self):
+    def touched(self):
         """(GPU blocks read, GPU blocks written, slots read, slots written) by unreported jobs."""
         b_read, b_written, s_read, s_written = set(), set(), set(), set()
         for job in self.pending.values():
@@ -338,7 +233,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 s_read.update(job.slots)
         return b_read, b_written, s_read, s_written
 
-    def _choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None,
+    def choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None,
                 pattern="run", chunk_mode=None):
         """A transfer the worker must accept (no clash with unreported jobs), or None. With
         ``run > 0`` the transfer holds a stretch of up to ``run`` consecutive free blocks
@@ -347,7 +242,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         sub-blocks advance with the stretch), go up from ``chunk_pick`` and wrap round once (a
         run of both ids that breaks where the chunks wrap, among scattered positions), or go
         down (sub-blocks that advance only inside a chunk while the blocks run on)."""
-        b_read, b_written, s_read, s_written = self._touched()
+        b_read, b_written, s_read, s_written = self.touched()
         bpc = self.bpc
         if kind == STORE:
             blocks_ok = [b for b in range(self.n_blocks) if b not in b_written]
@@ -396,7 +291,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
 
     def _submit(self, kind, picks, chunk_pick, offset_pick, run=0, form="list",
                 stretch_pick=None, pattern="run", chunk_mode=None) -> None:
-        chosen = self._choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern,
+        chosen = self.choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern,
                               chunk_mode)
         if chosen is None:
             note(f"no {kind} possible now")
@@ -430,11 +325,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.used_ids.append(job_id)
         if fails:
             self.fail_budget[budget] -= 1
-        slots = self._slots(chunks, offset, len(blocks))
+        slots = self.slots_of(chunks, offset, len(blocks))
         if kind == STORE:
-            effects = tuple((s, self.gpu_label[b]) for b, s in zip(blocks, slots))
+            effects = tuple((s, self.bytes.gpu_label[b]) for b, s in zip(blocks, slots))
         else:
-            effects = tuple((b, self.slot_label[s]) for b, s in zip(blocks, slots))
+            effects = tuple((b, self.bytes.slot_label[s]) for b, s in zip(blocks, slots))
         self.pending[job_id] = _Pending(kind, tuple(blocks), tuple(slots), effects,
                                         fails or raises, raises, call_seconds)
         self.order[kind].append(job_id)
@@ -496,16 +391,13 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
     @rule(pick=PICK)
     def write_gpu_block(self, pick):
         """The model computes new KV data into a block that no unreported job touches."""
-        b_read, b_written, _, _ = self._touched()
+        b_read, b_written, _, _ = self.touched()
         free = [b for b in range(self.n_blocks) if b not in b_read | b_written]
         if not free:
             return
-        block, label = free[pick % len(free)], self.next_label
-        self.next_label += 1
+        block = free[pick % len(free)]
+        label = self.bytes.write_gpu(block)
         note(f"gpu block {block} rewritten (label {label})")
-        for layer, spec in enumerate(self.layout.layers):
-            self.raw[layer][block, :spec.page_bytes].copy_(self._content(layer, label))
-        self._set_gpu_label(block, label)
 
     @rule(n=st.sampled_from([1, 1, 2, 0]), kind=st.sampled_from([None, None, STORE, LOAD]))
     def fail_next_job(self, n, kind):
@@ -535,7 +427,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         else:
             kind = ("both", "STORE", 0)[pick - 5]
             arg, names = "kind", ("kind", repr(kind))
-        with _refused(f"fail_next({n!r}, {kind!r})", names):
+        with refused(f"fail_next({n!r}, {kind!r})", names):
             self.worker.fail_next(n, kind)
         self.record("bad_fail_next", arg=arg)
 
@@ -569,7 +461,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 f"{job.kind} job {r.job_id} reported before the earlier {job.kind} job {oldest}")
             assert r.success is (not job.fails), (
                 f"job {r.job_id}: success={r.success!r}, expected {not job.fails}")
-            expected_bytes = 0 if job.fails else len(job.blocks) * self.bytes_per_block
+            expected_bytes = 0 if job.fails else len(job.blocks) * self.bytes.bytes_per_block
             assert r.bytes == expected_bytes, (
                 f"job {r.job_id}: bytes={r.bytes}, expected {expected_bytes}")
             assert isinstance(r.seconds, float) and 0.0 <= r.seconds < math.inf, (
@@ -589,7 +481,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             self.record(rule, reported=job.kind, failed=job.fails, raised=job.raises)
             if job.fails:
                 continue
-            apply = self._set_slot_label if job.kind == STORE else self._set_gpu_label
+            apply = self.bytes.set_slot_label if job.kind == STORE else self.bytes.set_gpu_label
             for dest, label in job.effects:
                 apply(dest, label)
         if self.device.type == "cpu":
@@ -600,181 +492,31 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
           chunk_pick=PICK, offset_pick=st.integers(0, 7))
     def invalid_transfer(self, kind, defect, picks, chunk_pick, offset_pick):
         """A transfer with one defect is refused with ValueError before any byte moves."""
-        args = self._invalid(kind, defect, picks, chunk_pick, offset_pick)
-        job_id, blocks, chunks, offset, defect, names = args
+        job_id, blocks, chunks, offset, defect, names = worker_defects.invalid_transfer(
+            self, kind, defect, picks, chunk_pick, offset_pick)
         note(f"invalid {kind} ({defect}): job_id={job_id!r} gpu_blocks={blocks!r} "
              f"chunk_ids={chunks!r} offset={offset!r}")
         self.worker.wait(list(self.pending))  # nothing may be in flight while we compare
-        before = self._snapshot()
-        with _refused(f"invalid {kind} ({defect})", names):
+        before = self.bytes.snapshot(self.worker.cpu_tensors)
+        with refused(f"invalid {kind} ({defect})", names):
             if kind == STORE:
                 self.worker.submit_store(job_id, blocks, chunks, offset)
             else:
                 self.worker.submit_load(job_id, chunks, blocks, offset)
-        after = self._snapshot()
+        after = self.bytes.snapshot(self.worker.cpu_tensors)
         for (where, a), (_, b) in zip(before, after):
             assert torch.equal(a, b), f"refused {kind} ({defect}) changed bytes of {where}"
         self.record("invalid_transfer", defect=defect)
-
-    def _invalid(self, kind, defect, picks, chunk_pick, offset_pick):
-        chosen = self._choose(kind, picks, chunk_pick, offset_pick)
-        blocks, chunks, offset = chosen if chosen else ([0], [0], 0)
-        blocks, chunks = list(blocks), list(chunks)
-        if not blocks:
-            blocks, chunks = [0], [0]
-        job_id = self.next_job
-        live = [j for j in self.used_ids if j in self.pending and self.pending[j].blocks]
-        if defect == "reused_job_id" and not self.used_ids:
-            defect = "offset_range"
-        if defect == "hazard" and not live:
-            defect = "chunk_count"
-        # What the refusal must name (SPEC section 6: "a ValueError naming it").
-        names: tuple[str, ...] = ()
-        if defect == "chunk_count":
-            chunks = chunks[:-1] if len(chunks) > 1 or offset_pick % 2 else chunks + [
-                (chunks[-1] + 1) % self.n_chunks]
-            # The count and the direction; where the added id repeats one (a single chunk)
-            # the refusal may name the repeat instead.
-            names = ("chunk",) if len(set(chunks)) < len(chunks) else ("chunk", kind)
-        elif defect == "gpu_block_range":
-            blocks[-1] = self.n_blocks + offset_pick // 4  # the first id past the end, or next
-            names = ("gpu_blocks", str(blocks[-1]))
-        elif defect == "chunk_range":
-            chunks[-1] = self.n_chunks + offset_pick // 4
-            names = ("chunk_ids", str(chunks[-1]))
-        elif defect == "negative_id":
-            if offset_pick % 2:
-                chunks[-1] = -1
-                names = ("chunk_ids", "-1")
-            else:
-                blocks[-1] = -1
-                names = ("gpu_blocks", "-1")
-        elif defect == "repeated_block":
-            blocks.append(blocks[0])
-            names = ("gpu_blocks", str(blocks[0]))
-        elif defect == "repeated_chunk":
-            chunks.append(chunks[0])
-            names = ("chunk_ids", str(chunks[0]))
-        elif defect == "offset_range":
-            offset = -1 if offset_pick % 2 else self.bpc + offset_pick // 4
-            names = ("offset", str(offset))
-            # Only the offset is wrong: as many chunk ids as the offset, were it allowed, would
-            # need (where there are enough free ones), so no count check can refuse it instead.
-            need = -(-(offset + len(blocks)) // self.bpc)
-            spare = [c for c in range(self.n_chunks) if c not in chunks]
-            if offset > 0 and 0 < need - len(chunks) <= len(spare):
-                chunks += spare[:need - len(chunks)]
-        elif defect == "reused_job_id":
-            job_id = self.used_ids[offset_pick % len(self.used_ids)]
-            names = ("job_id", str(job_id))
-        elif defect == "not_an_int":
-            which = offset_pick % 5
-            if which == 0:
-                job_id = str(job_id)
-                names = ("job_id", repr(job_id))
-            elif which == 1:
-                blocks[-1] = blocks[-1] + 0.5
-                names = ("gpu_blocks", str(blocks[-1]))
-            elif which == 2:
-                offset = True
-                names = ("offset", "True")
-            elif which == 3:
-                chunks[-1] = None
-                names = ("chunk_ids", "None")
-            else:
-                blocks[0] = str(blocks[0])
-                names = ("gpu_blocks", repr(blocks[0]))
-        elif defect == "not_a_sequence":  # the whole list replaced by something that is not one
-            bad = (len(blocks), None, "".join(map(str, blocks)), float(len(chunks)))[
-                offset_pick % 4]
-            if offset_pick // 4:
-                chunks, names = bad, ("chunk_ids", repr(bad))
-            else:
-                blocks, names = bad, ("gpu_blocks", repr(bad))
-        elif defect == "hazard":
-            other = self.pending[live[(picks or [0])[0] % len(live)]]
-            slot, block = other.slots[0], other.blocks[0]
-            clash_on_slot = (kind, other.kind) in ((STORE, STORE), (STORE, LOAD), (LOAD, STORE))
-            clash_on_block = (kind, other.kind) != (STORE, STORE)
-            # For a clash on the GPU block alone, a chunk whose sub-block at this offset is free
-            # for this transfer (else the refusal would rightly name the sub-block instead).
-            _, _, s_read, s_written = self._touched()
-            busy = s_read | s_written if kind == STORE else s_written
-            offset %= self.bpc
-            free = [c for c in range(self.n_chunks) if c * self.bpc + offset not in busy]
-            if clash_on_slot and (offset_pick % 2 or not clash_on_block or not free):
-                blocks, chunks, offset = [blocks[0]], [slot // self.bpc], slot % self.bpc
-            else:
-                blocks, chunks = [block], [free[chunk_pick % len(free)]] if free else [chunks[0]]
-            names = (self._clashes(kind, blocks, chunks, offset),)
-        return job_id, blocks, chunks, offset, defect, names
 
     @rule(case=st.sampled_from(CTOR_DEFECTS + CTOR_ACCEPTED), pick=PICK)
     def construction(self, case, pick):
         """A second worker built from this layout with one defect is refused with ValueError
         naming the argument; ``zero_chunks`` (``num_chunks=0``) and a one-element-page layer
         seen as a 1-d tensor, built without ``blocks_per_chunk`` (default 1), are accepted."""
-        tensors = [t.clone() for t in self.tensors]  # the machine's own stay untouched
-        n, i = self.n_blocks, pick % len(tensors)
-        args: list[Any] = [tensors, self.n_chunks, self.bpc]
-        if case in ("blocks_overlap",) and n < 2:
-            case = "empty_pages"
-        if case in ("block_count", "device"):
-            i = max(1, i)
-            if len(tensors) < 2:
-                tensors.append(tensors[0].clone())
-        layer = f"gpu_tensors[{i}]"
-        if case == "tensor_not_list":
-            args[0], names = tensors[0], ("gpu_tensors",)
-        elif case == "not_a_sequence":
-            args[0], names = (t for t in tensors), ("gpu_tensors",)
-        elif case == "no_layers":
-            args[0], names = [], ("gpu_tensors",)
-        elif case == "num_chunks_type":
-            args[1] = (str(self.n_chunks), float(self.n_chunks), True)[pick % 3]
-            names = ("num_chunks", repr(args[1]))
-        elif case == "num_chunks_negative":
-            args[1], names = -1 - pick % 3, ("num_chunks", str(-1 - pick % 3))
-        elif case == "bpc_type":
-            args[2] = (str(self.bpc), float(self.bpc), True)[pick % 3]
-            names = ("blocks_per_chunk", repr(args[2]))
-        elif case == "bpc_zero":
-            args[2], names = -(pick % 2), ("blocks_per_chunk", str(-(pick % 2)))
-        elif case == "layer_not_tensor":
-            tensors[i], names = tensors[i].tolist(), (layer, "list")
-        elif case == "layer_0d":
-            tensors[i], names = torch.tensor(7), (layer,)
-        elif case == "block_count":
-            tensors[i] = tensors[i][:-1] if n > 1 else torch.cat([tensors[i]] * 2)
-            names = (layer, str(tensors[i].shape[0]))
-        elif case == "device":
-            tensors[i], names = torch.empty_like(tensors[i], device="meta"), (layer, "meta")
-        elif case == "no_blocks":
-            args[0] = [t[:0] for t in tensors]
-            names = ("gpu_tensors[0]",)
-        elif case == "empty_pages":
-            tensors[i], names = tensors[i].new_zeros((n, 0)), (layer,)
-        elif case == "block_not_contiguous":
-            tensors[i] = tensors[i].new_zeros((n, 3, 2)).transpose(1, 2)
-            names = (layer, "contiguous")
-        elif case == "blocks_overlap":
-            stride = 1 + pick % 2  # below the page of 3 elements
-            flat = tensors[i].new_zeros(stride * (n - 1) + 3)
-            tensors[i] = flat.as_strided((n, 3), (stride, 1))
-            names = (layer, "overlap", f"stride {stride}")
-        elif case == "not_byte_viewable":  # a conjugate view cannot be seen as other dtypes
-            tensors[i] = tensors[i].new_zeros((n, 2), dtype=torch.complex64).conj()
-            names = (layer,)
-        elif case == "zero_chunks":
-            args[1] = 0
-        elif case == "one_block_any_stride":  # one block: its stride is never used
-            args[0] = tensors = [t.new_zeros(3).as_strided((1, 3), (1, 1)) for t in tensors]
-        elif case == "flat_layer_default_bpc":
-            tensors[i] = tensors[i].new_zeros(n)  # one element per block
-            args = args[:2]
+        case, args, tensors, names, i, stride = worker_defects.construction(self, case, pick)
         note(f"construction ({case}): layer {i}")
         if case in CTOR_ACCEPTED:
-            worker = self.worker_factory(*args)
+            worker = self._build(*args)
             bpc = 1 if len(args) == 2 else self.bpc
             pages = [t[0].numel() * t.element_size() for t in tensors]
             assert worker.page_bytes == pages, (case, worker.page_bytes, pages)
@@ -786,13 +528,13 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             assert [(r.job_id, r.success, r.bytes) for r in worker.get_finished()] == [
                 (0, True, 0)], case
         else:
-            with _refused(f"construction ({case})", names):
-                self.worker_factory(*args)
+            with refused(f"construction ({case})", names):
+                self._build(*args)
             if case == "blocks_overlap":  # and the smallest such layer: two blocks, alone
                 two = tensors[i].new_zeros(stride + 3).as_strided((2, 3), (stride, 1))
-                with _refused("construction (blocks_overlap, two blocks)",
+                with refused("construction (blocks_overlap, two blocks)",
                               ("gpu_tensors[0]", "overlap", f"stride {stride}")):
-                    self.worker_factory([two], self.n_chunks, self.bpc)
+                    self._build([two], self.n_chunks, self.bpc)
         self.record("construction", case=case)
 
     @invariant()
@@ -803,92 +545,18 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         actual = self.worker.pending_job_ids()
         assert actual == expected, f"pending_job_ids() = {actual}, expected {expected}"
 
-    def _clashes(self, kind, blocks, chunks, offset) -> tuple:
-        """How a refusal may name what this transfer clashes on: a clashing sub-block (``chunk
-        c``, and ``sub-block j`` where chunks have several) or GPU block (``gpu block b``)
-        together with the unreported job it clashes with (``store job 3``); any pair will do."""
-        slots = self._slots(chunks, offset, len(blocks))
-        pairs = []
-        for job_id, job in self.pending.items():
-            who = f"{job.kind} job {job_id}"
-            slot_clash = kind == STORE or job.kind == STORE  # a load may share a load's source
-            block_clash = kind == LOAD or job.kind == LOAD  # a store may share a store's source
-            if slot_clash:
-                for s in slots:
-                    if s in job.slots:
-                        where = (f"chunk {s // self.bpc}",) + (
-                            (f"sub-block {s % self.bpc}",) if self.bpc > 1 else ())
-                        pairs.append((*where, who))
-            if block_clash:
-                pairs += [(f"gpu block {b}", who) for b in blocks if b in job.blocks]
-        return tuple(pairs)
-
-    def _snapshot(self):
-        out = [(f"gpu layer {i}", raw.cpu().clone()) for i, raw in enumerate(self.raw)]
-        out += [(f"cpu layer {i}", t.cpu().clone()) for i, t in enumerate(self.worker.cpu_tensors)]
-        return out
-
     # ------------------------------------------------------------------ invariant
 
     @invariant()
     def bytes_match_model(self):
-        _, b_written, _, s_written = self._touched()
-        for layer, spec in enumerate(self.layout.layers):
-            page = spec.page_bytes
-            actual, expected = self.raw[layer].cpu(), self.expected_gpu[layer]
-            if not torch.equal(actual, expected):
-                for b in (actual != expected).any(1).nonzero().flatten().tolist():
-                    assert torch.equal(actual[b, page:], expected[b, page:]), (
-                        f"layer {layer}: the padding after gpu block {b}'s page changed")
-                    assert b in b_written, (
-                        f"layer {layer}: gpu block {b} should hold label {self.gpu_label[b]}"
-                        f" ({_describe(actual[b, :page])})")
-            cpu = self.worker.cpu_tensors[layer]
-            expected_shape = (self.n_chunks, page * self.bpc)
-            assert tuple(cpu.shape) == expected_shape and cpu.dtype == torch.uint8, (
-                f"layer {layer}: cpu tensor is {cpu.dtype} {tuple(cpu.shape)}, "
-                f"expected uint8 {expected_shape}")
-            actual, expected = cpu.cpu().view(self.n_slots, page), self.expected_cpu[layer]
-            if not torch.equal(actual, expected):
-                for s in (actual != expected).any(1).nonzero().flatten().tolist():
-                    assert s in s_written, (
-                        f"layer {layer}: sub-block {s % self.bpc} of chunk {s // self.bpc} "
-                        f"should hold label {self.slot_label[s]} ({_describe(actual[s])})")
+        _, b_written, _, s_written = self.touched()
+        self.bytes.check(self.worker.cpu_tensors, b_written, s_written)
 
 
-@contextlib.contextmanager
-def _refused(what: str, names):
-    """The block must raise ValueError whose message says every one of ``names``."""
-    try:
-        yield
-    except ValueError as exc:
-        missing = [m for m in names if not _names(str(exc), m)]
-        assert not missing, f"{what} refused with {str(exc)!r}, which does not name {missing}"
-    else:
-        raise AssertionError(f"{what} was accepted")
-
-
-def _says(message: str, words: str) -> bool:
-    """``words`` stand in ``message`` whole and as written: not inside a longer name or number
-    (``n`` is not said by ``XXnXX``, nor ``chunk 2`` by ``chunk 2.5``)."""
-    return re.search(rf"(?<![\w.]){re.escape(words)}(?!\w|\.\d)", message) is not None
-
-
-def _names(message: str, name) -> bool:
-    """A name a refusal must hold: a string, or a tuple of alternatives of which one will do,
-    each a string or a tuple of strings that must all be said."""
-    if isinstance(name, str):
-        return _says(message, name)
-    return any(all(_says(message, w) for w in ((a,) if isinstance(a, str) else a)) for a in name)
-
-
-def _describe(row: torch.Tensor) -> str:
-    head = row[:8].tolist()
-    return f"found bytes starting {head}"
-
-
-def machine_for(factory: Callable[..., Any], name: str | None = None) -> type[WorkerMachine]:
-    """The worker machine for ``factory(gpu_tensors, num_chunks, blocks_per_chunk)``."""
+def make_machine(target: Callable[..., Any], name: str | None = None) -> type[WorkerMachine]:
+    """The worker machine for the worker factory ``target(gpu_tensors, num_chunks,
+    blocks_per_chunk=1, *, clock)``, named ``<factory>Machine`` unless ``name`` says."""
+    factory = target
     name = name or f"{getattr(factory, '__name__', 'Worker')}Machine"
     cls = type(name, (WorkerMachine,), {"worker_factory": staticmethod(factory),
                                         "__module__": __name__})
@@ -896,15 +564,15 @@ def machine_for(factory: Callable[..., Any], name: str | None = None) -> type[Wo
     return cls
 
 
-OffloadWorkerMachine = machine_for(OffloadWorker)
-OffByOneOffsetMachine = machine_for(bad_workers.OffByOneOffset)
-CopiesPaddedPageMachine = machine_for(bad_workers.CopiesPaddedPage)
-ReportsBeforeCopyMachine = machine_for(bad_workers.ReportsBeforeCopy)
-ReportsOutOfOrderMachine = machine_for(bad_workers.ReportsOutOfOrder)
-WritesBeforeValidatingMachine = machine_for(bad_workers.WritesBeforeValidating)
-FailsEitherDirectionMachine = machine_for(bad_workers.FailsEitherDirection)
+OffloadWorkerMachine = make_machine(OffloadWorker)
+OffByOneOffsetMachine = make_machine(bad_workers.OffByOneOffset)
+CopiesPaddedPageMachine = make_machine(bad_workers.CopiesPaddedPage)
+ReportsBeforeCopyMachine = make_machine(bad_workers.ReportsBeforeCopy)
+ReportsOutOfOrderMachine = make_machine(bad_workers.ReportsOutOfOrder)
+WritesBeforeValidatingMachine = make_machine(bad_workers.WritesBeforeValidating)
+FailsEitherDirectionMachine = make_machine(bad_workers.FailsEitherDirection)
 BAD_MACHINES = {cls.__name__: globals()[f"{cls.__name__}Machine"]
                 for cls in bad_workers.BAD_WORKERS}  # worker name -> its machine
 
-__all__ = ["BAD_MACHINES", "LABELS", "LayerSpec", "WorkerLayout", "WorkerMachine", "machine_for",
+__all__ = ["BAD_MACHINES", "LABELS", "LayerSpec", "WorkerLayout", "WorkerMachine", "make_machine",
            "OffloadWorkerMachine", *(m.__name__ for m in BAD_MACHINES.values())]

@@ -290,6 +290,16 @@ def test_a_copy_that_raises_is_reported_as_failed(monkeypatch):
     assert "on fire" in str(w.last_error)
 
 
+def test_a_cpu_copy_reports_the_seconds_of_the_clock_it_was_given():
+    """The worker times a CPU copy with its ``clock`` (the worker machine hands it one that
+    ticks per reading), not with a module global someone replaces."""
+    readings = iter([10.0, 10.25, 20.0, 20.5])
+    w = OffloadWorker(Layout("cpu").tensors, num_chunks=2, clock=lambda: next(readings))
+    w.submit_store(1, [0], [0])
+    w.submit_load(2, [1], [1])
+    assert [(r.job_id, r.seconds) for r in w.get_finished()] == [(1, 0.25), (2, 0.5)]
+
+
 def test_fail_next_checks_its_arguments():
     w = OffloadWorker(Layout("cpu").tensors, num_chunks=2)
     with pytest.raises(ValueError, match="kind"):

@@ -16,7 +16,7 @@ import kvgate.impl.worker
 from kvgate.impl.worker import OffloadWorker
 from kvgate.properties import worker_machine
 from kvgate.properties.runner import run_machine
-from kvgate.properties.worker_machine import machine_for
+from kvgate.properties.worker_machine import make_machine
 
 PROFILE = "ci"
 NO_SHRINK = [Phase.explicit, Phase.generate]
@@ -40,7 +40,7 @@ def test_the_machine_sees_the_mutated_copy():
 
 
 def test_worker_machine():
-    machine = machine_for(OffloadWorker, "MutatedWorkerMachine")
+    machine = make_machine(OffloadWorker, "MutatedWorkerMachine")
     result = run_machine(machine, PROFILE, max_examples=WORKER_EXAMPLES, phases=NO_SHRINK)
     assert result.passed, result.message + "\n" + "\n".join(result.program)
     if os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats"):
