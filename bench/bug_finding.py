@@ -24,7 +24,6 @@ the ``found`` column. The goal: a median time to the first failure under 2 secon
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from hypothesis import Phase
 from hypothesis.database import InMemoryExampleDatabase
 
+from kvgate.properties.hypothesis_private import mark_unshrunk, shrinking_deadline
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.runner import run_machine
@@ -114,41 +114,12 @@ def first_failure(machine_cls, seed: int, profile: str = "ci", database=None) ->
                         result.shrunk_steps)
 
 
-@contextlib.contextmanager
-def shrinking_deadline(seconds: float | None):
-    """Lower Hypothesis's shrinking deadline (``MAX_SHRINKING_SECONDS``, five minutes) for the
-    block, and keep its "stopped shrinking" warning out of the output. Yields a list that
-    receives that warning when shrinking was cut off."""
-    from hypothesis.internal.conjecture import engine
-    from hypothesis.reporting import with_reporter
-
-    notes: list[str] = []
-    saved = getattr(engine, "MAX_SHRINKING_SECONDS", None)
-    if seconds is not None and saved is not None:
-        engine.MAX_SHRINKING_SECONDS = seconds
-    try:
-        with with_reporter(lambda text: notes.append(str(text))):
-            yield notes
-    finally:
-        if saved is not None:
-            engine.MAX_SHRINKING_SECONDS = saved
-
-
-def _mark_unshrunk(database: InMemoryExampleDatabase) -> None:
-    """Move the saved failing examples to their keys' secondary corpus. Hypothesis takes an
-    example under the primary key for one it shrank already, and does not shrink it again; the
-    secondary corpus is where it keeps failing examples that were not shrunk."""
-    for key in [k for k in database.data if not k.endswith((b".secondary", b".pareto"))]:
-        for value in list(database.fetch(key)):
-            database.move(key, key + b".secondary", value)
-
-
 def shrunk_length(machine_cls, seed: int, profile: str = "ci", cap: float | None = None,
                   database=None) -> Shrunk:
     """Shrink the seed's failure; with the ``database`` its first-failure run saved the
     failing example in, shrinking starts from it at once instead of finding it again."""
     if database is not None:
-        _mark_unshrunk(database)
+        mark_unshrunk(database)
     with shrinking_deadline(cap) as notes:
         result = run_machine(machine_cls, profile, seed=seed, phases=SHRINK, database=database)
     capped = any("very slow progress" in n for n in notes)

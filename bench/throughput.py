@@ -181,9 +181,9 @@ def scheduler_machine(watch: Stopwatch | None):
     return timed_machine(base, watch, install)
 
 
-# The byte model's helpers: what every byte should hold, and which jobs may touch what.
-WORKER_MODEL_METHODS = ("_content", "_padding", "_set_gpu_label", "_set_slot_label", "_touched",
-                        "_choose", "_slots", "_snapshot")
+# The machine's own model helpers (which jobs may touch what); the byte model
+# (properties.worker_bytes: what every byte should hold, the comparison) is timed as a whole.
+WORKER_MODEL_METHODS = ("touched", "choose", "slots_of")
 
 
 def worker_machine(watch: Stopwatch | None):
@@ -194,6 +194,7 @@ def worker_machine(watch: Stopwatch | None):
     def install(machine):
         if not isinstance(machine.worker, Timed):
             machine.worker = Timed(machine.worker, watch, "target")
+            machine.bytes = Timed(machine.bytes, watch, "model")
 
     return timed_machine(base, watch, install, WORKER_MODEL_METHODS)
 

@@ -9,22 +9,11 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
+from .hypothesis_private import stop_local_constants
 
-def _no_source_constants() -> None:
-    """Hypothesis biases draws with constants it reads from the project's loaded modules (its
-    "local constants"), so a derandomized run would draw other examples whenever a literal
-    changes anywhere in the tree, or a test process imports other modules. kvgate's verdicts
-    and the catches its tests require must not depend on that: the pool stays empty (the
-    constants Hypothesis ships with still apply). On a Hypothesis without it, nothing to do."""
-    try:
-        from hypothesis.internal.conjecture import providers
-    except ImportError:  # pragma: no cover
-        return
-    if hasattr(providers, "_get_local_constants") and hasattr(providers, "_local_constants"):
-        providers._get_local_constants = lambda: providers._local_constants
-
-
-_no_source_constants()
+# Draws must not depend on the literals of the modules a process loaded (the reason is at the
+# function); on import, so that every run of kvgate and of its tests draws without them.
+stop_local_constants()
 
 _COMMON = dict(
     deadline=None,

@@ -15,35 +15,31 @@ preconditions once and draws once:
   the machine's history (``rule="swarm"``), so coverage can require that swarm ran.
 
 ``install(machine)`` puts it in place of Hypothesis's strategy; on a Hypothesis without the
-attributes it relies on, the machine keeps Hypothesis's own (slower, as correct).
+internals it relies on (``properties.hypothesis_private``, where every one is named), the machine
+keeps Hypothesis's own (slower, as correct).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from hypothesis.strategies._internal.strategies import SearchStrategy
-
-try:  # Hypothesis's rule objects, sorted per machine class
-    from hypothesis.stateful import RuleStrategy as _HypothesisRules
-except ImportError:  # pragma: no cover - a Hypothesis without it keeps its own choice
-    _HypothesisRules = None
+from . import hypothesis_private as private
 
 
-class WeightedRules(SearchStrategy):
+class WeightedRules(private.SearchStrategy):
     def __init__(self, machine: Any, weights: dict[str, int], always: frozenset[str]):
         super().__init__()
         self.machine = machine
-        rules = {r.function.__name__: r for r in _HypothesisRules._setup_for(type(machine))[0]}
+        rules = {private.rule_name(r): r for r in private.machine_rules(type(machine))}
         order = [n for n in weights if n in rules] + sorted(n for n in rules if n not in weights)
         self.table = [(rules[n], n) for n in order for _ in range(weights.get(n, 1))]
         self.optional = [n for n in order if n not in always]
         self.off: frozenset[str] | None = None
 
     def _swarm(self, data) -> frozenset[str]:
-        if not self.optional or not data.draw_integer(0, 3):
+        if not self.optional or not private.draw_integer(data, 0, 3):
             off = frozenset()
         else:
-            mask = data.draw_integer(0, (1 << len(self.optional)) - 1)
+            mask = private.draw_integer(data, 0, (1 << len(self.optional)) - 1)
             off = frozenset(n for i, n in enumerate(self.optional) if mask >> i & 1)
         record = getattr(self.machine, "record", None)
         if record is not None:
@@ -57,19 +53,18 @@ class WeightedRules(SearchStrategy):
         ok: dict[str, bool] = {}
         for rule, name in self.table:
             if name not in ok:
-                ok[name] = all(m.bundles.get(b.name) for b in rule.bundles) and all(
-                    p(m) for p in rule.preconditions)
+                ok[name] = private.rule_ready(m, rule)
         valid = [(r, n) for r, n in self.table if ok[n] and n not in off] or \
             [(r, n) for r, n in self.table if ok[n]]
-        rule, _ = valid[data.draw_integer(0, len(valid) - 1)]
-        return rule, {k: data.draw(s) for k, s in rule.arguments_strategies.items()}
+        rule, _ = valid[private.draw_integer(data, 0, len(valid) - 1)]
+        return rule, {k: data.draw(s) for k, s in private.rule_arguments(rule).items()}
 
 
 def install(machine: Any) -> None:
     """Pick ``machine``'s rules with ``WeightedRules`` (its class's ``RULE_WEIGHTS`` and
     ``SWARM_ALWAYS``), where this Hypothesis allows it."""
-    if _HypothesisRules is None or not hasattr(_HypothesisRules, "_setup_for") or \
-            not hasattr(machine, "_rules_strategy"):
+    if not private.can_replace_rule_strategy(machine):
         return
-    machine._rules_strategy = WeightedRules(machine, dict(getattr(machine, "RULE_WEIGHTS", {})),
-                                            frozenset(getattr(machine, "SWARM_ALWAYS", ())))
+    private.replace_rule_strategy(machine, WeightedRules(
+        machine, dict(getattr(machine, "RULE_WEIGHTS", {})),
+        frozenset(getattr(machine, "SWARM_ALWAYS", ()))))

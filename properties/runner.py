@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
-from hypothesis.statistics import collector
 
+from . import hypothesis_private as private
 from .profiles import default_profile
 
 PROFILE_DATABASE = object()  # ``run_machine(database=...)``: the profile's own database
@@ -87,9 +87,9 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
             super().teardown()
 
     Counted.__name__ = Counted.__qualname__ = machine_cls.__name__
-    # The example database and derandomized runs key on this digest: one per machine class
-    # name (that is, per machine and target), whatever Python finds as Counted's source.
-    Counted._hypothesis_internal_add_digest = machine_cls.__name__.encode()
+    # The example database and derandomized runs key on one digest per machine class name
+    # (that is, per machine and target), whatever Python finds as Counted's source.
+    private.key_by_name(Counted, machine_cls.__name__)
     if seed is not None:
         # Hypothesis reads the seed from the machine class, not from a wrapper around it.
         from hypothesis import seed as with_seed
@@ -98,7 +98,7 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
     error = None
     stats: list[dict] = []
     try:
-        with collector.with_value(stats.append):
+        with private.collect_statistics(stats.append):
             run_state_machine_as_test(Counted, settings=settings)
     except Exception as exc:  # a property failure (or a target that broke)
         error = exc
@@ -129,9 +129,7 @@ def _step_rules(machine_cls) -> frozenset[str]:
     """Names of the machine's ``@rule`` methods (not ``@initialize`` or ``@invariant``)."""
     names = set()
     for name in dir(machine_cls):
-        fn = getattr(machine_cls, name, None)
-        if getattr(fn, "hypothesis_stateful_rule", None) is not None \
-                and getattr(fn, "hypothesis_stateful_initialize_rule", None) is None:
+        if private.is_step_rule(getattr(machine_cls, name, None)):
             names.add(name)
     return frozenset(names)
 

@@ -209,7 +209,8 @@ def test_no_file_of_the_tree_is_loaded_under_two_names_here():
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         path = Path(file).resolve() if file else None
-        if path and path.is_relative_to(ROOT) and not path.relative_to(ROOT).parts[0].startswith("."):
+        inside = path is not None and path.is_relative_to(ROOT)
+        if inside and not path.relative_to(ROOT).parts[0].startswith("."):
             names.setdefault(str(Path(file).resolve()), []).append(name)
     assert names, "no module of the tree is loaded"
     twice = {f: n for f, n in names.items() if len(n) > 1}
