@@ -1,13 +1,14 @@
 """Running a bench inside each vLLM release's own environment, with this tree's kvgate.
 
 CI builds one virtual environment per release (``.ci/vllm-releases.txt`` lists them) under
-``<repo>/.vllm/VERSION``, or under the folder ``KVGATE_VLLM_ENVS`` names (as
-``tests/vllm_releases.py`` finds them). Those environments install kvgate editable from the
-checkout that built them, which need not be this one: a plain ``PYTHONPATH`` would still let
-setuptools' editable finder serve ``kvgate.impl`` from the other checkout. So the child starts
-with a few lines (``BOOT``) that drop that finder and put this tree first on ``sys.path``;
-``kvgate/__init__.py`` then maps ``kvgate.impl`` and the rest onto this tree's folders. The child
-reports which ``kvgate.impl`` it imported, and ``run_child`` refuses an answer from another tree.
+``<repo>/.vllm/VERSION``, or under the folder ``KVGATE_VLLM_ENVS`` names
+(``tests/vllm_releases.py`` reads the list and finds the folder; this module uses it). Those
+environments install kvgate editable from the checkout that built them, which need not be this
+one: a plain ``PYTHONPATH`` would still let setuptools' editable finder serve ``kvgate.impl``
+from the other checkout. So the child starts with a few lines (``BOOT``) that drop that finder
+and put this tree first on ``sys.path``; this tree is then a source tree never installed, whose
+names resolve as ``kvgate/__init__.py`` says. The child reports which ``kvgate.impl`` it
+imported, and ``run_child`` refuses an answer from another tree.
 
 A child prints one JSON object as its last line of stdout; its progress goes to stderr.
 """
@@ -18,8 +19,9 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.vllm_releases import envs_dir, releases
+
 ROOT = Path(__file__).resolve().parents[1]
-RELEASES_FILE = ROOT / ".ci" / "vllm-releases.txt"
 
 BOOT = """\
 import sys
@@ -32,17 +34,6 @@ import runpy
 sys.argv = [{module!r}] + {argv!r}
 runpy.run_module({module!r}, run_name='__main__', alter_sys=True)
 """
-
-
-def releases() -> list[str]:
-    if not RELEASES_FILE.exists():
-        return []
-    lines = RELEASES_FILE.read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
-
-
-def envs_dir() -> Path:
-    return Path(os.environ.get("KVGATE_VLLM_ENVS", ROOT / ".vllm"))
 
 
 def release_pythons() -> tuple[list[tuple[str, Path]], list[str]]:

@@ -40,9 +40,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-TABLES = (1, 2, 3, 4, 5, 6)
-
-
 class Report:
     """Prints to stdout and keeps what it printed for the results file; progress goes to
     stderr only."""

@@ -117,7 +117,6 @@ class Request:
         self.max_output_tokens = max_output_tokens
         self.keys: list[bytes] = []
         self.ctx: ReqContext | None = None
-        self.serial = -1  # the scheduler's number for this request (unique per context)
         self.state = RequestState.WAITING
         self.num_computed = 0  # tokens whose KV is on the GPU
         self.num_output = 0  # tokens generated so far
@@ -226,7 +225,6 @@ class Scheduler:
         self._jobs: dict[int, _Job] = {}
         self._next_job = 0
         self._stale_below = 0
-        self._next_serial = 0
         self._advance = getattr(self.worker, "advance", None)
         self._new_context = getattr(manager, "new_context", None) or ReqContext
         self._write = getattr(self.worker, "write_gpu", None)
@@ -241,8 +239,6 @@ class Scheduler:
                              f"blocks; there are {self.num_gpu_blocks}")
         req.keys = chunk_keys(req.block_hashes, self.blocks_per_chunk, self.group_idx)
         req.ctx = self._new_context(req.req_id)
-        req.serial = self._next_serial
-        self._next_serial += 1
         req.state = RequestState.WAITING
         self.requests[req.req_id] = req
         self.counters.requests += 1

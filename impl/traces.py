@@ -9,7 +9,7 @@ offered, as an engine hashes only complete blocks.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +35,6 @@ class TraceRequest:
         hashes = [hash_id_to_block_hash(h) for h in self.hash_ids[:full]]
         return Request(req_id, hashes, max(1, self.input_length),
                        max_output_tokens=max(1, self.output_length))
-
-    def as_json(self) -> str:
-        return json.dumps({"timestamp": self.timestamp, "input_length": self.input_length,
-                           "output_length": self.output_length, "hash_ids": list(self.hash_ids)})
 
 
 def _parse(line: str, where: str) -> TraceRequest:
@@ -79,8 +75,3 @@ def iter_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
 def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
     return list(iter_trace(path, limit))
 
-
-def write_trace(path: str | Path, requests: Iterable[TraceRequest]) -> None:
-    with Path(path).open("w") as f:
-        for req in requests:
-            f.write(req.as_json() + "\n")

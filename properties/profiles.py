@@ -11,6 +11,13 @@ from hypothesis import HealthCheck, Phase, settings
 
 from .hypothesis_private import stop_local_constants
 
+# The phases every profile runs: all but explain, which costs 15-30 s per failing state machine
+# and adds nothing to a shrunk program that already prints every step.
+PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+# The first failure, as found: no example database, no targeting, no shrinking (the catch tests
+# that skip shrinking for time, and the mutation runs, where a kill needs no short program).
+FIRST_FAILURE = (Phase.explicit, Phase.generate)
+
 # Draws must not depend on the literals of the modules a process loaded (the reason is at the
 # function); on import, so that every run of kvgate and of its tests draws without them.
 stop_local_constants()
@@ -21,9 +28,7 @@ _COMMON = dict(
                            HealthCheck.data_too_large],
     stateful_step_count=30,
     report_multiple_bugs=False,
-    # The explain phase costs 15-30 s per failing state machine and adds nothing to a shrunk
-    # program that already prints every step.
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+    phases=PHASES,
 )
 
 settings.register_profile("dev", max_examples=200, **_COMMON)
@@ -61,4 +66,4 @@ def load_profile(name: str | None = None) -> str:
     return name
 
 
-__all__ = ["PROFILES", "default_profile", "load_profile", "Phase"]
+__all__ = ["FIRST_FAILURE", "PHASES", "PROFILES", "default_profile", "load_profile", "Phase"]

@@ -62,7 +62,6 @@ LABELS = {**{label: (lambda e, c=counter: c in e.get("grew", ()))
              for label, counter in COUNTED.items()},
           "request id reused": lambda e: e.get("id_reused", False),
           "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"])}
-SITUATIONS = tuple(LABELS)
 
 
 class SchedulerMachineBase(Recorded, RuleBasedStateMachine):

@@ -3,7 +3,6 @@ request-level machine (properties/scheduler_machine.py) on impl and on the catal
 from __future__ import annotations
 
 import pytest
-from hypothesis import Phase
 
 from kvgate.impl.base import LookupResult, ReqContext, make_key
 from kvgate.impl.manager import OffloadingManager
@@ -12,6 +11,7 @@ from kvgate.model.cache import Model
 from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.oracle import Divergence, LockstepManager
+from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine
 from kvgate.properties.scheduler_machine import machine_for
 from kvgate.properties.targets import NativeAdapter
@@ -315,6 +315,6 @@ def test_scheduler_machine_catches_admission_variant(name):
     the driver makes and the end-to-end checks (no look at the tracker or the policy's order).
     Shrinking is skipped here for time, so the failure is the first one found."""
     result = run_machine(machine_for(MUTANTS[name], compare_state=False), "ci",
-                         phases=[Phase.explicit, Phase.generate])
+                         phases=FIRST_FAILURE)
     assert not result.passed, f"{name} was not caught through the scheduler"
     assert isinstance(result.error, AssertionError), result.message

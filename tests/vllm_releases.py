@@ -6,8 +6,11 @@ another folder). A test asks for a release with ``release_python(version)``: out
 that is not built skips the test; where ``KVGATE_VLLM_REQUIRED=1`` (.ci/run sets it, after building
 them all) conftest.py makes any vllm test's skip a failure, so no vLLM test skips in CI.
 
-The page docs/upstream.md is made from the same runs (docs/make_upstream.py uses ``releases``,
-``run_python`` and ``gate_facts`` from here).
+This module is the one reader of the release list: the page docs/upstream.md is made from the
+same runs (docs/make_upstream.py uses ``releases``, ``run_python`` and ``gate_facts`` from
+here), the benches run in the same environments (bench/release_envs.py uses ``releases`` and
+``envs_dir``), and .ci/run builds them from what ``python3 tests/vllm_releases.py`` prints (one
+version a line; it needs nothing but the standard library).
 """
 from __future__ import annotations
 
@@ -17,13 +20,12 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 RELEASES_FILE = ROOT / ".ci" / "vllm-releases.txt"
 
 
 def releases() -> list[str]:
+    """The gated releases, in the file's order: one a line, ``#`` comments and blanks left out."""
     lines = RELEASES_FILE.read_text().splitlines()
     return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
 
@@ -33,6 +35,8 @@ def envs_dir() -> Path:
 
 
 def release_python(version: str) -> Path:
+    import pytest
+
     python = envs_dir() / version / "bin" / "python"
     if python.exists():
         return python
@@ -74,3 +78,7 @@ def probe(version: str, code: str) -> dict:
     done = run_in(version, "-c", code)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    print("\n".join(releases()))

@@ -13,14 +13,13 @@ from typing import Any
 from hypothesis import Phase
 from hypothesis import settings as Settings
 
-from kvgate.properties.profiles import PROFILES, default_profile
+from kvgate.properties.profiles import PHASES, PROFILES, default_profile
 from kvgate.properties.runner import PROFILE_DATABASE, RunResult, run_machine
 from kvgate.properties.targets import Target, TargetError, resolve_target
 
 from .errors import UsageError, one_line
 
 MACHINES = ("manager", "scheduler")
-DEFAULT_PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
 
 
 def build_machine(kind: str, target: Target):
@@ -161,7 +160,7 @@ def run_one(kind: str, target: Target, profile: str, seed: int | None,
     run = Run(kind, target.spec, target.foreign)
     machine = _watched(build_machine(kind, target), on_example)
     overrides: dict[str, Any] = {"print_blob": True,
-                                 "phases": DEFAULT_PHASES + ((Phase.explain,) if explain else ())}
+                                 "phases": PHASES + ((Phase.explain,) if explain else ())}
     if steps is not None:
         overrides["stateful_step_count"] = steps
     result = run_machine(machine, profile, seed=seed, max_examples=max_examples,

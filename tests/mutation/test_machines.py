@@ -16,17 +16,16 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase
 
 import kvgate.impl.manager
 from kvgate.impl.manager import OffloadingManager
 from kvgate.properties.manager_machine import make_machine
+from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine
 from kvgate.properties.scheduler_machine import machine_for
 from kvgate.properties.targets import resolve_target
 
 PROFILE = "ci"
-NO_SHRINK = [Phase.explicit, Phase.generate]
 MANAGER_EXAMPLES = 300
 SCHEDULER_EXAMPLES = 200
 
@@ -48,9 +47,9 @@ def _passes(result):
 @pytest.mark.parametrize("spec", ["impl:lru", "impl:arc"])
 def test_manager_machine(spec):
     machine = make_machine(resolve_target(spec))
-    _passes(run_machine(machine, PROFILE, max_examples=MANAGER_EXAMPLES, phases=NO_SHRINK))
+    _passes(run_machine(machine, PROFILE, max_examples=MANAGER_EXAMPLES, phases=FIRST_FAILURE))
 
 
 def test_scheduler_machine():
     machine = machine_for(OffloadingManager)
-    _passes(run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=NO_SHRINK))
+    _passes(run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=FIRST_FAILURE))

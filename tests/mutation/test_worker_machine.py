@@ -10,16 +10,15 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import Phase
 
 import kvgate.impl.worker
 from kvgate.impl.worker import OffloadWorker
 from kvgate.properties import worker_machine
+from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine
 from kvgate.properties.worker_machine import make_machine
 
 PROFILE = "ci"
-NO_SHRINK = [Phase.explicit, Phase.generate]
 WORKER_EXAMPLES = 300
 
 
@@ -41,7 +40,7 @@ def test_the_machine_sees_the_mutated_copy():
 
 def test_worker_machine():
     machine = make_machine(OffloadWorker, "MutatedWorkerMachine")
-    result = run_machine(machine, PROFILE, max_examples=WORKER_EXAMPLES, phases=NO_SHRINK)
+    result = run_machine(machine, PROFILE, max_examples=WORKER_EXAMPLES, phases=FIRST_FAILURE)
     assert result.passed, result.message + "\n" + "\n".join(result.program)
     if os.environ.get("MUTANT_UNDER_TEST", "") in ("", "stats"):
         # Outside a mutant (mutmut's clean and stats runs, or by hand) the selection must reach
