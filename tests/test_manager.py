@@ -2,13 +2,19 @@
 
 The seed's two tests, one scenario per admission claim (A1-A8), then LRU, ARC, chunk ids,
 failed stores, reset, events, gauges and bad input. Each scenario is a function of a manager
-factory that returns what it observed, with no assertion of its own: impl must give the
-expected values, and the catalogue's variant (properties/mutants.py) that breaks the claim
-must give something else, in the field named next to it.
+factory that returns what it observed, with no assertion of its own; one table (``CLAIMS``)
+says what impl must observe in each, and for each variant that breaks the claim (the
+catalogue's, properties/mutants.py, or a local one) the fields in which it must observe
+something else.
 
 Keys are written by name ("a" is ``make_key(b"a")``) and results are shown by name.
 """
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -114,11 +120,6 @@ def warm(m, key: bytes, times: int) -> None:
         m.prepare_store([key], ReqContext(f"warm{r}"))
 
 
-def assert_caught(scenario, expected: dict, make, field: str) -> None:
-    got = scenario(make)
-    assert got[field] != expected[field], f"the scenario does not catch {make!r} in {field!r}"
-
-
 # --------------------------------------------------------------------------- the seed's tests
 
 @pytest.mark.parametrize("T", [2, 3])
@@ -182,19 +183,6 @@ def scenario_a1(make, T: int = 1) -> dict:
 A1 = {"offers": [["a", "b"], ["c"]], "no_tracker": True, "skip_metric": None}
 
 
-@pytest.mark.parametrize("T", [0, 1])
-def test_a1_below_two_every_absent_key_is_admitted(T):
-    assert scenario_a1(IMPL, T) == A1
-    with pytest.raises(ValueError, match="store_threshold"):
-        OffloadingManager(4, store_threshold=-1)
-
-
-@pytest.mark.parametrize("T", [0, 1])
-def test_a1_catches_a_tracker_below_two(T):
-    got = scenario_a1(TrackerBelowTwo, T)
-    assert got["offers"] != A1["offers"] and got["skip_metric"] != A1["skip_metric"]
-
-
 # --------------------------------------------------------------------------- A2
 
 def scenario_a2(make) -> dict:
@@ -247,22 +235,6 @@ A2 = {"offers": [None, None, ["eligible"], []], "cold_count": [1, 1, 1, 1],
       "repeat_count": 1}
 
 
-def test_a2_an_offer_is_recorded_first_and_counts_once_per_request():
-    assert scenario_a2(IMPL) == A2
-
-
-@pytest.mark.parametrize("mutant, field", [
-    ("failed_offer_not_recorded", "cold_count"),
-    ("every_offer_counts", "cold_count"),
-    ("every_offer_counts", "dropped_retracked"),
-    ("dropped_key_not_retracked", "dropped_retracked"),
-    ("dedup_failed_retries_only", "cold_count"),
-    ("reoffer_no_refresh", "refreshed"),
-])
-def test_a2_catches(mutant, field):
-    assert_caught(scenario_a2, A2, MUTANTS[mutant], field)
-
-
 # --------------------------------------------------------------------------- A3
 
 def scenario_a3(make) -> dict:
@@ -276,14 +248,6 @@ def scenario_a3(make) -> dict:
 
 
 A3 = {"offers": [[], ["a"], ["b"]], "counts": {"a": 2, "b": 2}}
-
-
-def test_a3_other_requests_count():
-    assert scenario_a3(IMPL) == A3
-
-
-def test_a3_catches_records_by_req_id():
-    assert_caught(scenario_a3, A3, MUTANTS["records_by_req_id"], "offers")
 
 
 # --------------------------------------------------------------------------- A4
@@ -309,15 +273,6 @@ def scenario_a4(make) -> dict:
 A4 = {"stored": ["a", "b"], "full_protected": [("a", 2), ("b", 2)], "cold_count": 1,
       "entered_in_order": [("d", 1), ("e", 1)],
       "refresh_before_enter": [("a", 2), ("c", 1)]}
-
-
-def test_a4_tracker_capacity_and_protected_keys():
-    assert scenario_a4(IMPL) == A4
-
-
-@pytest.mark.parametrize("mutant", ["tracker_evicts_offer_key", "tracker_unbounded"])
-def test_a4_catches(mutant):
-    assert_caught(scenario_a4, A4, MUTANTS[mutant], "full_protected")
 
 
 # --------------------------------------------------------------------------- A5
@@ -346,14 +301,6 @@ A5 = {"steps": [([], 2), ([], 0), (["a"], 0), ([], 1), ([], 1), ([], 0), ([], 0)
       "pending": "HIT_PENDING", "events": [(["a"], False, False)]}
 
 
-def test_a5_skip_metric_once_per_request_and_residents_never_skipped():
-    assert scenario_a5(IMPL) == A5
-
-
-def test_a5_catches_skip_metric_every_offer():
-    assert_caught(scenario_a5, A5, MUTANTS["skip_metric_every_offer"], "steps")
-
-
 def scenario_a5_first_skip(make) -> dict:
     # Amended A5: "once" is the request's first offer that skips the key, not its first offer.
     m = new(make, 4, T=2, tracker=1)
@@ -375,15 +322,6 @@ def scenario_a5_first_skip(make) -> dict:
 A5_FIRST_SKIP = {"steps": [([], 1), (["a"], 0), ([], 1), ([], 1), ([], 0)]}
 
 
-def test_a5_a_skip_counts_at_the_requests_first_offer_that_skips_the_key():
-    assert scenario_a5_first_skip(IMPL) == A5_FIRST_SKIP
-
-
-@pytest.mark.parametrize("mutant", ["skip_undercount", "skip_metric_every_offer"])
-def test_a5_first_skip_catches(mutant):
-    assert_caught(scenario_a5_first_skip, A5_FIRST_SKIP, MUTANTS[mutant], "steps")
-
-
 # --------------------------------------------------------------------------- A6
 
 def scenario_a6(make, T: int) -> dict:
@@ -402,17 +340,6 @@ def a6_expected(T: int) -> dict:
             "counts": {"a": T, "b": T - 1, "c": T, "d": 1}}
 
 
-@pytest.mark.parametrize("T", [2, 3])
-def test_a6_admits_counts_at_threshold_in_offer_order(T):
-    assert scenario_a6(IMPL, T) == a6_expected(T)
-
-
-@pytest.mark.parametrize("T", [2, 3])
-def test_a6_catches_strict_threshold(T):
-    assert_caught(lambda make: scenario_a6(make, T), a6_expected(T),
-                  MUTANTS["strict_threshold"], "stored")
-
-
 # --------------------------------------------------------------------------- A7
 
 def scenario_a7(make) -> dict:
@@ -429,18 +356,6 @@ def scenario_a7(make) -> dict:
 
 A7 = {"before": ([], 1, 1), "count_after_reset": 1, "after_reoffer": ([], 1, 2),
       "stored_by_other": ["a"], "generation": 1}
-
-
-def test_a7_reset_starts_counting_over_and_counts_survive():
-    assert scenario_a7(IMPL) == A7
-
-
-@pytest.mark.parametrize("mutant, field", [
-    ("reset_keeps_counting", "after_reoffer"),
-    ("tracker_cleared_on_reset", "count_after_reset"),
-])
-def test_a7_catches(mutant, field):
-    assert_caught(scenario_a7, A7, MUTANTS[mutant], field)
 
 
 # --------------------------------------------------------------------------- A8
@@ -469,14 +384,6 @@ A8 = {"out": None, "state": {
     "generation": 0}}
 
 
-def test_a8_none_changes_nothing():
-    assert scenario_a8(IMPL) == A8
-
-
-def test_a8_catches_partial_eviction_before_none():
-    assert_caught(scenario_a8, A8, MUTANTS["partial_eviction_before_none"], "state")
-
-
 # --------------------------------------------------------------------------- offers
 
 def scenario_dedup(make) -> dict:
@@ -486,14 +393,6 @@ def scenario_dedup(make) -> dict:
 
 
 DEDUP = {"stored": ["a", "b"], "ids": [0, 1], "free": 2}
-
-
-def test_a_repeated_key_is_stored_once():
-    assert scenario_dedup(IMPL) == DEDUP
-
-
-def test_dedup_catches_repeated_key_stored_twice():
-    assert_caught(scenario_dedup, DEDUP, MUTANTS["repeated_key_stored_twice"], "stored")
 
 
 # --------------------------------------------------------------------------- LRU
@@ -520,18 +419,6 @@ def scenario_lru(make) -> dict:
 
 LRU = {"touched": ["c", "d", "b", "a"], "evicted": ["c", "d", "b"], "evicted2": ["c"],
        "evicted3": ["b"]}
-
-
-def test_lru_order_touch_and_eviction():
-    assert scenario_lru(IMPL) == LRU
-
-
-@pytest.mark.parametrize("mutant, field", [
-    ("lru_touch_forward", "evicted"),
-    ("evicts_pinned", "evicted2"),
-])
-def test_lru_catches(mutant, field):
-    assert_caught(scenario_lru, LRU, MUTANTS[mutant], field)
 
 
 # --------------------------------------------------------------------------- ARC
@@ -577,18 +464,6 @@ ARC = {
 }
 
 
-def test_arc_lists_ghosts_and_adaptation():
-    assert scenario_arc(IMPL) == ARC
-
-
-@pytest.mark.parametrize("mutant, field", [
-    ("arc_ghosts_untrimmed", "ghosts"),
-    ("arc_adapts_every_retry", "p"),
-])
-def test_arc_catches(mutant, field):
-    assert_caught(scenario_arc, ARC, MUTANTS[mutant], field)
-
-
 def test_arc_reset_clears_ghosts_and_p():
     m = OffloadingManager(2, cache_policy="arc")
     store(m, "ab")
@@ -611,14 +486,6 @@ def scenario_chunk_ids(make) -> dict:
 
 
 CHUNK_IDS = {"ids": [[0, 1, 2], [3, 2], [0]]}
-
-
-def test_chunk_ids_fresh_ascending_then_last_freed_first():
-    assert scenario_chunk_ids(IMPL) == CHUNK_IDS
-
-
-def test_chunk_ids_catch_freed_chunks_fifo():
-    assert_caught(scenario_chunk_ids, CHUNK_IDS, MUTANTS["freed_chunks_fifo"], "ids")
 
 
 def test_eviction_frees_victims_chunks_for_the_offer():
@@ -652,15 +519,6 @@ FAILED_STORE = {"failed": {"events": [(["a"], True, True)], "lookup": "MISS", "r
                 "next": [0], "ignored": ([], "HIT")}
 
 
-def test_failed_store_removes_key_frees_chunk_metadata_only_event():
-    assert scenario_failed_store(IMPL) == FAILED_STORE
-
-
-def test_failed_store_catches_failed_store_keeps_chunk():
-    assert_caught(scenario_failed_store, FAILED_STORE, MUTANTS["failed_store_keeps_chunk"],
-                  "failed")
-
-
 # --------------------------------------------------------------------------- residency
 
 def scenario_lookup(make) -> dict:
@@ -671,14 +529,6 @@ def scenario_lookup(make) -> dict:
 
 
 LOOKUP = {"a": LookupResult.HIT_PENDING, "b": LookupResult.HIT, "c": LookupResult.MISS}
-
-
-def test_lookup_pending_ready_absent():
-    assert scenario_lookup(IMPL) == LOOKUP
-
-
-def test_lookup_catches_lookup_pending_is_hit():
-    assert_caught(scenario_lookup, LOOKUP, MUTANTS["lookup_pending_is_hit"], "a")
 
 
 def test_loads_pin_and_release():
@@ -735,14 +585,6 @@ def scenario_events(make) -> dict:
 
 EVENTS = {"at_prepare": [], "at_complete": [(["a", "b"], False, False)],
           "at_eviction": [(["a"], True, False)], "last": [(["c"], False, False)]}
-
-
-def test_events_store_at_complete_removal_at_eviction():
-    assert scenario_events(IMPL) == EVENTS
-
-
-def test_events_catch_store_event_missing():
-    assert_caught(scenario_events, EVENTS, MUTANTS["store_event_missing"], "at_complete")
 
 
 def test_event_type():
@@ -805,16 +647,77 @@ STATS = {
 }
 
 
-def test_stats_gauges_and_allocation_samples():
-    assert scenario_stats(IMPL) == STATS
+# --------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class Claim:
+    """One scenario: what impl must observe, and each variant that breaks the claim with the
+    fields in which it must observe something else."""
+
+    name: str
+    scenario: Callable[[Any], dict]
+    expected: dict
+    caught: tuple[tuple[Any, tuple[str, ...]], ...]  # (a MUTANTS name or a factory, fields)
 
 
-@pytest.mark.parametrize("mutant, field", [
-    ("usage_counts_idle", "first"),
-    ("no_sample_on_none", "after_none"),
-])
-def test_stats_catch(mutant, field):
-    assert_caught(scenario_stats, STATS, MUTANTS[mutant], field)
+def _at(scenario, T: int):
+    return functools.partial(scenario, T=T)
+
+
+CLAIMS = [
+    *(Claim(f"a1-T{T}", _at(scenario_a1, T), A1, ((TrackerBelowTwo, ("offers", "skip_metric")),))
+      for T in (0, 1)),
+    Claim("a2", scenario_a2, A2, (
+        ("failed_offer_not_recorded", ("cold_count",)),
+        ("every_offer_counts", ("cold_count",)),
+        ("every_offer_counts", ("dropped_retracked",)),
+        ("dropped_key_not_retracked", ("dropped_retracked",)),
+        ("dedup_failed_retries_only", ("cold_count",)),
+        ("reoffer_no_refresh", ("refreshed",)))),
+    Claim("a3", scenario_a3, A3, (("records_by_req_id", ("offers",)),)),
+    Claim("a4", scenario_a4, A4, (("tracker_evicts_offer_key", ("full_protected",)),
+                                  ("tracker_unbounded", ("full_protected",)))),
+    Claim("a5", scenario_a5, A5, (("skip_metric_every_offer", ("steps",)),)),
+    Claim("a5-first-skip", scenario_a5_first_skip, A5_FIRST_SKIP,
+          (("skip_undercount", ("steps",)), ("skip_metric_every_offer", ("steps",)))),
+    *(Claim(f"a6-T{T}", _at(scenario_a6, T), a6_expected(T), (("strict_threshold", ("stored",)),))
+      for T in (2, 3)),
+    Claim("a7", scenario_a7, A7, (("reset_keeps_counting", ("after_reoffer",)),
+                                  ("tracker_cleared_on_reset", ("count_after_reset",)))),
+    Claim("a8", scenario_a8, A8, (("partial_eviction_before_none", ("state",)),)),
+    Claim("dedup", scenario_dedup, DEDUP, (("repeated_key_stored_twice", ("stored",)),)),
+    Claim("lru", scenario_lru, LRU, (("lru_touch_forward", ("evicted",)),
+                                     ("evicts_pinned", ("evicted2",)))),
+    Claim("arc", scenario_arc, ARC, (("arc_ghosts_untrimmed", ("ghosts",)),
+                                     ("arc_adapts_every_retry", ("p",)))),
+    Claim("chunk-ids", scenario_chunk_ids, CHUNK_IDS, (("freed_chunks_fifo", ("ids",)),)),
+    Claim("failed-store", scenario_failed_store, FAILED_STORE,
+          (("failed_store_keeps_chunk", ("failed",)),)),
+    Claim("lookup", scenario_lookup, LOOKUP, (("lookup_pending_is_hit", ("a",)),)),
+    Claim("events", scenario_events, EVENTS, (("store_event_missing", ("at_complete",)),)),
+    Claim("stats", scenario_stats, STATS, (("usage_counts_idle", ("first",)),
+                                           ("no_sample_on_none", ("after_none",)))),
+]
+CATCHES = [(claim, variant, fields) for claim in CLAIMS for variant, fields in claim.caught]
+
+
+def _variant_name(variant) -> str:
+    return variant if isinstance(variant, str) else variant.__name__
+
+
+@pytest.mark.parametrize("claim", CLAIMS, ids=[c.name for c in CLAIMS])
+def test_impl_observes_what_the_claim_says(claim):
+    assert claim.scenario(IMPL) == claim.expected
+
+
+@pytest.mark.parametrize("claim, variant, fields", CATCHES, ids=[
+    f"{c.name}-{_variant_name(v)}-{'+'.join(f)}" for c, v, f in CATCHES])
+def test_the_variant_that_breaks_the_claim_observes_otherwise(claim, variant, fields):
+    got = claim.scenario(MUTANTS[variant] if isinstance(variant, str) else variant)
+    for field in fields:
+        assert got[field] != claim.expected[field], (
+            f"the scenario does not catch {_variant_name(variant)} in {field!r}")
+
 
 
 def test_stats_skip_metric_only_from_threshold_two():
