@@ -6,7 +6,7 @@ the file could not be written: its folder is missing or not a folder, the path i
 some other thing that is not a plain file, the file is read-only, or a file cannot be made in
 the folder. That last one is proved, not asked: the check makes (and removes) a temporary file
 beside the target, the same kind of file the write makes, because permission bits do not say
-it (root passes every ``os.access`` test, also under ``/proc`` or on a read-only mount).
+it (``os.access`` tells root it may write in ``/proc``, where no file can be made).
 
 ``write_with(path, write)`` and ``write_atomic(path, text)`` write a temporary file beside the
 target and rename it over the target, so an interrupted run leaves either the old file or the

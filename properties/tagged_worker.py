@@ -2,10 +2,11 @@
 
 ``TaggedCopyWorker`` owns small KV tensors (``layers`` tensors of ``[num_gpu_blocks,
 page_bytes]``; on ``device``), hands every call of the worker interface to an ``OffloadWorker``
-over them, and adds what the scheduler driver's ``verify_data`` needs: ``write_gpu(block, tag)``
-fills a block's page in every layer with a pattern made of the tag (a block hash) and the layer
-number, ``gpu_tag(block)`` and ``chunk_tags(chunk)`` read the pattern back (``None`` for a
-zero page, ``"garbage:..."`` for anything else). So a replay or a test moves real bytes and
+over them, and adds what the data checks need: ``write_gpu(block, tag)`` (the scheduler driver
+calls it when compute writes a block) fills a block's page in every layer with a pattern made of
+the tag (a block hash) and the layer number, ``gpu_tag(block)`` and ``chunk_tags(chunk)``
+(``properties.audit`` reads them) read the pattern back (``None`` for a zero page,
+``"garbage:..."`` for anything else). So a replay or a test moves real bytes and
 checks that every chunk holds its key's blocks and every load brings them back.
 """
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The state machines alone, as mutmut runs them (``bash tools/mutation.sh``; docs/mutation.md).
+"""The state machines alone, as mutmut runs them (``python -m bench.mutation --run``;
+docs/mutation.md).
 
 Only the manager-vs-model machine (impl, each policy) and the scheduler machine run here: a
 mutant of impl's manager, tracker, pool or policies counts as killed only if a machine catches
