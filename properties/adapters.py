@@ -85,6 +85,14 @@ class NativeAdapter(CapabilityAdapter):
     def new_context(self, req_id: str):
         return ReqContext(req_id)
 
+    @staticmethod
+    def set_position(ctx, key: bytes, position: int) -> None:
+        ctx.set_offload_key_position(key, position)
+
+    @staticmethod
+    def position(ctx, key: bytes) -> int | None:
+        return ctx.get_offload_key_position(key)
+
     def lookup(self, key: bytes, ctx=None) -> LookupResult:
         result = self.manager.lookup(key, ctx)
         return LookupResult(getattr(result, "name", result))

@@ -149,6 +149,13 @@ class VllmAdapter(CapabilityAdapter):
         except TypeError:
             return self.types.ReqContext(req_id)
 
+    def set_position(self, ctx, key: bytes, position: int) -> None:
+        ctx.set_offload_key_position(self._key(key), position)
+
+    def position(self, ctx, key: bytes) -> int | None:
+        get = getattr(ctx, "get_offload_key_position", None)
+        return None if get is None else get(self._key(key))
+
     def _key(self, key: bytes) -> Any:
         theirs = self._theirs.get(key) if isinstance(key, bytes) else None
         if theirs is None:

@@ -46,12 +46,19 @@ class ReqContext:
     req_id: str
     kv_transfer_params: dict[str, Any] | None = None
     _state: dict[type, Any] = field(default_factory=dict, repr=False, init=False)
+    _positions: dict[Any, int] = field(default_factory=dict, repr=False, init=False)
 
     def get_state(self, cls):
         return self._state.get(cls)
 
     def set_state(self, value) -> None:
         self._state[type(value)] = value
+
+    def set_offload_key_position(self, key, end_token: int) -> None:
+        self._positions[key] = end_token
+
+    def get_offload_key_position(self, key):
+        return self._positions.get(key)
 
 
 class LookupResult(enum.Enum):
