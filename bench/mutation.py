@@ -14,8 +14,9 @@ Why a staged tree: pyproject maps ``kvgate.impl`` to the folder ``impl/``, but m
 mutant after its file's path (``impl.manager.x_...``) and its trampoline only switches a mutant
 on in a module of that name; the tests import ``kvgate.impl.manager``. So the tree is copied to
 ``build/mutation/SUITE/`` with impl/, model/ and properties/ as real subfolders of kvgate/: the
-path and the import name agree (the staged case of the account in ``kvgate/__init__.py``). mutmut then copies that tree to ``mutants/`` and puts it first on
-``sys.path``, ahead of the editable install (whose finder comes after the path finder).
+path and the import name agree (the staged case of the account in ``kvgate/__init__.py``).
+mutmut then copies that tree to ``mutants/`` and puts it first on ``sys.path``, ahead of the
+editable install (whose finder comes after the path finder).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ plus the machine's own glue (comparisons, history, labels) and the proxies' own 
 - manager machine: ``model`` (model.cache.Model), ``target`` (the adapter and impl's manager
   behind it) and the oracle's comparisons (``lockstep comparisons``, counted as glue);
 - scheduler machine: ``model``, ``target`` = impl's manager + the scheduler driver and its
-  NullWorker, the lockstep proxy's comparisons counted apart;
+  NullWorker, the oracle's comparisons counted apart;
 - worker machine: ``target`` = impl's OffloadWorker, ``model`` = the byte model (the helpers that
   update what every byte should hold, and the invariant comparing them).
 
@@ -155,16 +155,9 @@ def manager_machine(spec: str, watch: Stopwatch | None):
 
 
 def scheduler_machine(watch: Stopwatch | None):
-    from kvgate.impl.manager import OffloadingManager
-    from kvgate.properties.scheduler_machine import machine_for
+    from kvgate.properties.scheduler_machine import make_machine
 
-    def impl_manager(num_chunks, cache_policy="lru", store_threshold=1,
-                     max_tracker_size=64_000):
-        return OffloadingManager(num_chunks, cache_policy=cache_policy,
-                                 store_threshold=store_threshold,
-                                 max_tracker_size=max_tracker_size)
-
-    base = machine_for(impl_manager)
+    base = make_machine(resolve_target("impl"))
     if watch is None:
         return base
 
@@ -172,9 +165,9 @@ def scheduler_machine(watch: Stopwatch | None):
         if isinstance(machine.sched, Timed):
             return
         model = Timed(machine.model, watch, "model")
-        machine.model = machine.proxy.model = model
-        machine.proxy.target = Timed(machine.proxy.target, watch, "target: manager")
-        machine.sched.manager = Timed(machine.proxy, watch, LOCKSTEP)
+        machine.model = machine.oracle.model = model
+        machine.oracle.target = Timed(machine.oracle.target, watch, "target: manager")
+        machine.sched.manager = Timed(machine.oracle, watch, LOCKSTEP)
         machine.worker = machine.sched.worker = Timed(machine.worker, watch, "target: driver")
         machine.sched = Timed(machine.sched, watch, "target: driver")
 

@@ -16,13 +16,23 @@ SPEC section 7. ``Scheduler`` plays the engine's side of the offloading manager,
 - Reset flushes every job, calls ``reset_cache()``, restarts every active request's stores at
   chunk 0, and drops every completion of a job issued before it: none reaches the manager.
 - Loads: a request that is scheduled from the waiting queue looks its prefix up chunk by chunk
-  and stops at the first ``MISS``; a ``HIT_PENDING`` defers it to a later step; hits are touched (if the manager has touch),
-  pinned with ``prepare_load``, copied by a load job, and released with ``complete_load`` when
-  the job completes. The request runs once its load is done.
+  and stops at the first ``MISS``; a ``HIT_PENDING`` defers it to a later step; hits are
+  touched (unless the driver was told the manager has no ``touch``), pinned with
+  ``prepare_load``, copied by a load job, and released with ``complete_load`` when the job
+  completes. The request runs once its load is done.
+- Key positions: when a request is added, each of its keys gets its position on the request's
+  context, the token index just past the key's chunk (``(i + 1) * chunk_tokens`` for chunk
+  ``i``), as an engine's scheduler records them, so a manager can order a request's keys.
 
 The manager speaks kvgate's interface (``impl/base.py``: ``LookupResult``, ``PrepareStoreOutput``
-with plain chunk ids, stats as a metric-name dict or a ``Stats``); a foreign manager reaches the
-driver only through a target adapter that answers in those types. The worker is any object with
+with plain chunk ids); a foreign manager reaches the driver only through a target adapter that
+answers in those types. What the driver needs beside the protocol calls it is handed, never
+looks for on the manager: ``new_context(req_id)`` makes a request's context (``ReqContext`` by
+default; an adapter's, for a manager with a context type of its own), ``set_position(ctx, key,
+end_token)`` records a key's position on it (the context's ``set_offload_key_position`` by
+default; an adapter's, which translates the key), ``stats_dict(answer)`` turns ``get_stats()``'s
+answer into a metric-name dict (``Stats.as_dict`` by default; ``dict`` for an adapter, which
+answers one), and ``touch=False`` says the manager has no ``touch``. The worker is any object with
 ``submit_store(job_id, gpu_blocks, chunk_ids, offset=0)``, ``submit_load(job_id, chunk_ids,
 gpu_blocks, offset=0)``, ``get_finished()`` and ``wait(job_ids)`` (``impl.worker``'s GPU-copy
 worker; the harness's ``properties.null_worker.NullWorker``); ``advance()`` is called at the
@@ -56,11 +66,11 @@ from __future__ import annotations
 import enum
 import hashlib
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import STORES_SKIPPED, LookupResult, ReqContext, make_key
+from .base import STORES_SKIPPED, LookupResult, ReqContext, Stats, make_key
 
 HASH_BYTES = 8
 
@@ -191,13 +201,22 @@ class _Job:
     chunk_ids: list[int] = field(default_factory=list)
 
 
+def set_on_context(ctx: ReqContext, key: bytes, end_token: int) -> None:
+    """Record ``key``'s position on an impl context (the driver's default ``set_position``)."""
+    ctx.set_offload_key_position(key, end_token)
+
+
 class Scheduler:
     """The engine's side of the manager protocol, one ``step()`` at a time."""
 
     def __init__(self, manager: Any, worker: Any, *, block_size: int = 16,
                  blocks_per_chunk: int = 1, num_gpu_blocks: int = 1 << 20, max_running: int = 16,
                  max_tokens_per_step: int | None = None, group_idx: int = 0,
-                 on_step: Callable[[int], None] | None = None):
+                 on_step: Callable[[int], None] | None = None,
+                 new_context: Callable[[str], Any] = ReqContext,
+                 set_position: Callable[[Any, bytes, int], None] = set_on_context,
+                 stats_dict: Callable[[Any], Mapping[str, Any]] = Stats.as_dict,
+                 touch: bool = True):
         for name, value in (("block_size", block_size), ("blocks_per_chunk", blocks_per_chunk),
                             ("num_gpu_blocks", num_gpu_blocks), ("max_running", max_running)):
             if not isinstance(value, int) or value < 1:
@@ -226,8 +245,11 @@ class Scheduler:
         self._next_job = 0
         self._stale_below = 0
         self._advance = getattr(self.worker, "advance", None)
-        self._new_context = getattr(manager, "new_context", None) or ReqContext
         self._write = getattr(self.worker, "write_gpu", None)
+        self._new_context = new_context
+        self._set_position = set_position
+        self._stats_dict = stats_dict
+        self._touch = touch
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: Request) -> Request:
@@ -239,6 +261,8 @@ class Scheduler:
                              f"blocks; there are {self.num_gpu_blocks}")
         req.keys = chunk_keys(req.block_hashes, self.blocks_per_chunk, self.group_idx)
         req.ctx = self._new_context(req.req_id)
+        for i, key in enumerate(req.keys):
+            self._set_position(req.ctx, key, (i + 1) * self.chunk_tokens)
         req.state = RequestState.WAITING
         self.requests[req.req_id] = req
         self.counters.requests += 1
@@ -334,8 +358,7 @@ class Scheduler:
         for req in self.running:
             if req.state is RequestState.RUNNING:
                 self._offer(req)
-        stats = self.manager.get_stats()
-        stats = stats.as_dict() if hasattr(stats, "as_dict") else stats
+        stats = self._stats_dict(self.manager.get_stats())
         self.counters.skips += stats.get(STORES_SKIPPED) or 0
         for _ in self.manager.take_events():  # drained, as an engine publishes them
             pass
@@ -453,9 +476,7 @@ class Scheduler:
         return hits, limit
 
     def _start_load(self, req: Request, hits: list[bytes]) -> None:
-        # A manager may lack touch (vLLM 0.34.0 does: its policies learn recency from loads);
-        # its adapter names it in ``missing``, and the hint is left out.
-        if "touch" not in getattr(self.manager, "missing", ()):
+        if self._touch:  # a manager may lack touch (vLLM 0.34.0 does)
             self.manager.touch(hits, req.ctx)
         chunk_ids = list(self.manager.prepare_load(hits, req.ctx))
         blocks = [self._free_blocks.pop() for _ in range(len(hits) * self.blocks_per_chunk)]

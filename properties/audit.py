@@ -1,49 +1,71 @@
 """Checks around the scheduler driver, made from outside it: no cold admission, and data that
 arrives where the manager says.
 
-``Audit(manager, worker, threshold, blocks_per_chunk, data=True)`` wraps the manager the driver talks to (``audit.manager``)
-and, when the worker carries data tags (``gpu_tag``, ``chunk_tags``: ``NullWorker(track_data=True)``
-or ``TaggedCopyWorker``), the worker too (``audit.worker``); hand both to the ``Scheduler``.
+``Audit(manager, worker, threshold, blocks_per_chunk, data=...)`` wraps the manager the driver
+talks to (``audit.manager``: an adapter, or the oracle over one) and, with ``data=True``, the
+worker too (``audit.worker``, which must carry data tags: ``gpu_tag`` and ``chunk_tags``, as
+``NullWorker(track_data=True)`` and ``TaggedCopyWorker`` do); ``audit.driver(...)`` is the
+``Scheduler`` over both. With ``data=False`` the data checks are not built at all.
 
-- **Cold admissions.** Per key, the distinct (request, generation) pairs that offered it; an
-  admission of a key that fewer than ``threshold`` of them had offered is cold. A reset starts
-  every request's offers over, as SPEC A7 starts its counting over. A request is its context
-  object (a new context with a reused ``req_id`` is a new request).
-- **Data** (tags only). Every chunk a load reads holds its key's blocks when the load is
+- **Cold admissions** (always). Who offered what is the one record of ``properties.offers``:
+  per key, the distinct (request, generation) pairs that ever offered it; an admission of a key
+  that fewer than ``threshold`` of them had offered (this offer included) is cold. A reset
+  starts every request's offers over, as SPEC A7 starts its counting over; a request is its
+  context object (a new context with a reused ``req_id`` is a new request).
+- **Data** (``data=True``). Every chunk a load reads holds its key's blocks when the load is
   prepared; every load job that completes has brought those blocks to its GPU blocks; every
-  chunk whose store completed holds its key's blocks (``stored_data_errors()``). Register the
-  blocks of each request with ``expect(request)`` after adding it to the scheduler.
+  chunk whose store completed holds its key's blocks (``stored_data_errors()``). The blocks of
+  each request are registered with ``expect(request)`` after the driver added it.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from kvgate.impl.scheduler import Scheduler
+
+from .offers import Handles, Offers
+
 MAX_EXAMPLES = 100
+
+
+def driver_hooks(manager: Any) -> dict[str, Any]:
+    """What the driver takes beside the protocol calls, from an adapter (or the oracle, which
+    has an adapter's face): contexts of the target's own type, key positions set through the
+    adapter (which translates keys), stats already a metric-name dict, and ``touch`` only where
+    the target has it."""
+    return {"new_context": manager.new_context, "set_position": manager.set_position,
+            "stats_dict": dict, "touch": "touch" not in manager.missing}
 
 
 class Audit:
     def __init__(self, manager: Any, worker: Any, threshold: int, blocks_per_chunk: int = 1,
-                 data: bool = True):
+                 *, data: bool):
+        if data and not all(callable(getattr(worker, n, None)) for n in ("gpu_tag", "chunk_tags")):
+            raise TypeError(f"the data checks need a worker with data tags (gpu_tag, chunk_tags); "
+                            f"{type(worker).__name__} has none")
         self.threshold = threshold
         self.blocks_per_chunk = blocks_per_chunk
+        self.data = data
         self.step = 0
         self.cold: list[tuple[int, bytes, int]] = []  # (step, key, distinct offerers), the first
         self.cold_admissions = 0
         self.data_errors: list[str] = []
-        self._generation = 0
-        self._offerers: dict[bytes, set[tuple[int, int]]] = {}
-        self._handles: dict[int, tuple[Any, int]] = {}  # id(ctx) -> (ctx, handle)
-        self._next_handle = 0
-        self.data = data and callable(getattr(worker, "chunk_tags", None)) and callable(
-            getattr(worker, "gpu_tag", None))
+        self.handles = Handles()
+        self.offers = Offers()
         self._expected: dict[bytes, tuple] = {}  # key -> its blocks' tags
         self._stored: dict[bytes, int] = {}  # key -> chunk, store completed
         self._pending: dict[bytes, int] = {}  # key -> chunk, store in flight
         self._loads: dict[int, tuple[list[int], list, list[int]]] = {}
         self._tags = worker
+        self._hooks = driver_hooks(manager)
         self.manager = _AuditedManager(self, manager)
-        self.worker = _AuditedWorker(self, worker) if self.data else worker
+        self.worker = _AuditedWorker(self, worker) if data else worker
+
+    def driver(self, **settings: Any) -> Scheduler:
+        """The scheduler driver over the audited manager and worker (``settings``: the
+        ``Scheduler``'s own: block sizes, GPU blocks, running slots, budget, ``on_step``)."""
+        return Scheduler(self.manager, self.worker, **self._hooks, **settings)
 
     def set_step(self, step: int) -> None:
         self.step = step
@@ -55,6 +77,10 @@ class Audit:
             for i, key in enumerate(request.keys):
                 self._expected[key] = tuple(request.block_hashes[i * bpc:(i + 1) * bpc])
 
+    def expected_tags(self, key: bytes) -> tuple:
+        """The tags of the blocks ``key`` stands for (registered with ``expect``)."""
+        return self._expected[key]
+
     def stored_data_errors(self) -> list[str]:
         """Every chunk whose store completed holds its key's blocks."""
         errors = []
@@ -65,29 +91,16 @@ class Audit:
         return errors
 
     # --- what the facets report
-    def _handle(self, ctx: Any) -> int:
-        entry = self._handles.get(id(ctx))
-        if entry is None or entry[0] is not ctx:
-            entry = (ctx, self._next_handle)
-            self._next_handle += 1
-            self._handles[id(ctx)] = entry
-        return entry[1]
-
     def _offered(self, keys: Sequence[bytes], ctx: Any) -> None:
-        who = (self._handle(ctx), self._generation)
-        for key in keys:
-            offerers = self._offerers.get(key)
-            if offerers is None:
-                self._offerers[key] = {who}
-            else:
-                offerers.add(who)
+        # The audit reads only ``ever``: which keys the tracker held is not its business.
+        self.offers.offered(keys, self.handles.of(ctx), tracked_before=set())
 
     def _admitted(self, keys: Sequence[bytes], chunk_ids: Sequence[int],
                   evicted: Iterable[bytes]) -> None:
         for key in evicted:
             self._stored.pop(key, None)
         for key, chunk in zip(keys, chunk_ids):
-            n = len(self._offerers.get(key, ()))
+            n = self.offers.ever(key)
             if n < self.threshold:
                 self.cold_admissions += 1
                 if len(self.cold) < MAX_EXAMPLES:
@@ -102,7 +115,7 @@ class Audit:
                 self._stored[key] = chunk
 
     def _reset(self) -> None:
-        self._generation += 1
+        self.offers.reset()
         self._stored.clear()
         self._pending.clear()
 
@@ -148,52 +161,44 @@ class _Audited:
 class _AuditedManager(_Audited):
     """The manager, with offers, admissions, completions, loads and resets reported."""
 
-    @property
-    def _manager(self) -> Any:
-        return self._inner
-
     def prepare_store(self, keys, ctx):
         keys = list(keys)
         self._audit._offered(keys, ctx)
-        out = self._manager.prepare_store(keys, ctx)
+        out = self._inner.prepare_store(keys, ctx)
         if out is not None:
             self._audit._admitted(out[0], out[1], out[2])
         return out
 
     def complete_store(self, keys, ctx=None, success: bool = True):
         keys = list(keys)
-        self._manager.complete_store(keys, ctx, success=success)
+        self._inner.complete_store(keys, ctx, success=success)
         self._audit._completed(keys, success)
 
     def prepare_load(self, keys, ctx=None):
         keys = list(keys)
-        ids = self._manager.prepare_load(keys, ctx)
+        ids = self._inner.prepare_load(keys, ctx)
         if self._audit.data:
             self._audit._load_prepared(keys, list(ids))
         return ids
 
     def on_request_finished(self, ctx) -> None:
-        self._manager.on_request_finished(ctx)
-        self._audit._handles.pop(id(ctx), None)  # no more offers come for it
+        self._inner.on_request_finished(ctx)
+        self._audit.handles.release(ctx)  # no more offers come for it
 
     def reset_cache(self) -> None:
-        self._manager.reset_cache()
+        self._inner.reset_cache()
         self._audit._reset()
 
 
 class _AuditedWorker(_Audited):
     """The worker, with load jobs checked when they complete."""
 
-    @property
-    def _worker(self) -> Any:
-        return self._inner
-
     def submit_load(self, job_id, chunk_ids, gpu_blocks, offset: int = 0):
         self._audit._load_submitted(job_id, chunk_ids, gpu_blocks, offset)
-        return self._worker.submit_load(job_id, chunk_ids, gpu_blocks, offset)
+        return self._inner.submit_load(job_id, chunk_ids, gpu_blocks, offset)
 
     def get_finished(self):
-        results = self._worker.get_finished()
+        results = self._inner.get_finished()
         for result in results:
             self._audit._load_finished(result.job_id, result.success)
         return results

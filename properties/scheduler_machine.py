@@ -8,11 +8,13 @@ offers across a reset all come from the driver, as they do in an engine.
 
 Checked:
 
-- every manager call the driver makes, against the reference model, in lockstep
-  (``properties.oracle.LockstepManager``: admitted keys, chunk ids, evictions, lookups, load
+- every manager call the driver makes, against the reference model, in lockstep (the oracle,
+  ``properties.oracle.LockstepManager``: admitted keys, chunk ids, evictions, lookups, load
   specs, events, stats);
-- end to end: every ready chunk holds the data of its key's blocks, and every block a running
-  request computed or loaded holds its data (``NullWorker`` carries one tag per block);
+- end to end, through the audit (``properties.audit``) and the model: every load brings its
+  chunks' data to its GPU blocks, every chunk whose store completed and every ready chunk holds
+  the data of its key's blocks, and every block a running request computed or loaded holds its
+  data (the worker, ``NullWorker`` by default, carries one tag per block);
 - no chunk is ever stored for a key that fewer than ``store_threshold`` requests offered (a
   reset starts every request's offers over, as SPEC A7 starts its counting over);
 - the store accounting adds up: admitted = completed + failed + dropped by a reset + in flight;
@@ -20,10 +22,10 @@ Checked:
   for native targets the policy's order and the pool), so a difference shows before it
   changes an admission or eviction.
 
-``machine_for(factory)`` builds the machine for any manager factory ``(num_chunks,
-cache_policy=..., store_threshold=..., max_tracker_size=...)``: impl, a catalogued mutant, or
-a target's ``make``. Coverage labels come from the recorded history (``properties.coverage``):
-each step records what the scheduler's counters did.
+``make_machine(target)`` builds the machine for a resolved target (``properties.targets``: impl,
+a catalogued mutant, ``MODULE:ATTR``, a vLLM release), as every machine module does. Coverage
+labels come from the recorded history (``properties.coverage``): each step records what the
+scheduler's counters did.
 """
 from __future__ import annotations
 
@@ -37,12 +39,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvgate.impl.scheduler import Request, RequestState, Scheduler
 from kvgate.model.cache import Model
 
+from .adapters import Target
 from .audit import Audit
 from .coverage import Recorded
 from .null_worker import NullWorker
 from .oracle import LockstepManager, fmt_key
 from .rule_choice import install as install_rule_choice
-from .targets import NativeAdapter
 
 VOCAB = (1, 2)
 NAMES = ("a", "b", "c")
@@ -65,7 +67,8 @@ LABELS = {**{label: (lambda e, c=counter: c in e.get("grew", ()))
 
 
 class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
-    factory: Callable[..., object]
+    TARGET: Target  # set by make_machine
+    worker_cls: Callable[..., NullWorker] = NullWorker  # NullWorker's interface, data tags on
     foreign: bool = False
     compare_state: bool = True
     policies: tuple[str, ...] = ("lru", "arc")
@@ -77,7 +80,6 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.sched: Scheduler | None = None
-        self.expected: dict[bytes, tuple[bytes, ...]] = {}
         self.used_names: set[str] = set()
         self.history: list[dict] = []
         install_rule_choice(self)
@@ -90,23 +92,19 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     def setup(self, num_chunks, threshold, tracker, policy_index, blocks_per_chunk, delay,
               budget):
         policy = self.policies[policy_index % len(self.policies)]
-        target = type(self).factory(num_chunks, cache_policy=policy, store_threshold=threshold,
-                                    max_tracker_size=tracker)
-        if not hasattr(target, "new_context"):  # a bare manager of kvgate's interface
-            target = NativeAdapter(target)
+        target = self.TARGET.make(num_chunks, policy, threshold, tracker)  # an adapter
         self.threshold = threshold
         self.model = Model(num_chunks, policy, threshold, tracker)
-        self.proxy = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
-        self.worker = NullWorker(delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True)
-        self.bpc = blocks_per_chunk
-        self.audit = Audit(self.proxy, self.worker, threshold, blocks_per_chunk)
-        self.sched = Scheduler(self.audit.manager, self.worker, block_size=BLOCK_SIZE,
-                               blocks_per_chunk=blocks_per_chunk, num_gpu_blocks=GPU_BLOCKS,
-                               max_running=4, max_tokens_per_step=budget,
-                               on_step=self._on_step)
+        self.oracle = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
+        self.worker = self.worker_cls(delay=delay, blocks_per_chunk=blocks_per_chunk,
+                                      track_data=True)
+        self.audit = Audit(self.oracle, self.worker, threshold, blocks_per_chunk, data=True)
+        self.sched = self.audit.driver(block_size=BLOCK_SIZE, blocks_per_chunk=blocks_per_chunk,
+                                       num_gpu_blocks=GPU_BLOCKS, max_running=4,
+                                       max_tokens_per_step=budget, on_step=self._on_step)
 
     def _on_step(self, step: int) -> None:
-        self.proxy.set_step(step)
+        self.oracle.set_step(step)
         self.audit.set_step(step)
 
     # ------------------------------------------------------------------ helpers
@@ -138,9 +136,8 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         name = next(n for n in NAMES[i:] + NAMES[:i] if n not in self.sched.requests)
         reused = name in self.used_names
         self.used_names.add(name)
-        req = self.sched.add_request(Request.from_tokens(name, tokens, BLOCK_SIZE, max_output))
-        for i, key in enumerate(req.keys):
-            self.expected[key] = tuple(req.block_hashes[i * self.bpc:(i + 1) * self.bpc])
+        self.audit.expect(self.sched.add_request(
+            Request.from_tokens(name, tokens, BLOCK_SIZE, max_output)))
         self.record("add_request", id_reused=reused)
 
     @precondition(lambda self: self.sched is not None)
@@ -206,11 +203,12 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         if self.sched is None:
             return
         self._no_chunk_for_a_key_too_few_requests_offered()
+        self._loads_and_stores_moved_their_data()
         self._ready_chunks_hold_their_keys_data()
         self._computed_blocks_hold_their_data()
         self._store_accounting_adds_up()
         if self.compare_state:
-            self.proxy.check_state()
+            self.oracle.check_state()
 
     def _no_chunk_for_a_key_too_few_requests_offered(self):
         if self.audit.cold_admissions:
@@ -219,11 +217,16 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
                 f"step {step}: {fmt_key(key)} admitted after {n} distinct request(s) offered "
                 f"it, store_threshold={self.threshold}")
 
+    def _loads_and_stores_moved_their_data(self):
+        errors = self.audit.data_errors + self.audit.stored_data_errors()
+        assert not errors, f"data: {errors[0]}" + (f" (and {len(errors) - 1} more)"
+                                                   if len(errors) > 1 else "")
+
     def _ready_chunks_hold_their_keys_data(self):
         for key, entry in self.model.resident.items():
             if entry["ref"] >= 0:
                 held = tuple(self.worker.chunk_tags(entry["chunk"]))
-                assert held == self.expected[key], (
+                assert held == self.audit.expected_tags(key), (
                     f"chunk {entry['chunk']} of {fmt_key(key)} holds the wrong data")
 
     def _computed_blocks_hold_their_data(self):
@@ -249,14 +252,15 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
             self.count_labels()
 
 
-def machine_for(factory: Callable[..., object], *, foreign: bool = False,
-                policies: tuple[str, ...] = ("lru", "arc"),
-                compare_state: bool = True) -> type[SchedulerMachineBase]:
-    """The scheduler machine for one manager factory. ``compare_state=False``: only the calls'
-    answers and the end-to-end checks, no inspection of the target's tracker or policy."""
-    name = getattr(getattr(factory, "cls", factory), "__name__", type(factory).__name__)
-    cls = type(f"SchedulerMachine_{name}", (SchedulerMachineBase,),
-               {"factory": staticmethod(factory), "foreign": foreign,
-                "policies": tuple(policies), "compare_state": compare_state})
-    return cls
-
+def make_machine(target: Target, *, compare_state: bool = True,
+                 worker_cls: Callable[..., NullWorker] = NullWorker) -> type[SchedulerMachineBase]:
+    """The scheduler machine checking ``target``, named as Hypothesis prints it.
+    ``compare_state=False``: only the calls' answers and the end-to-end checks, no inspection of
+    the target's tracker or policy. ``worker_cls``: the worker, built as ``NullWorker`` is (a
+    variant of it, to show that the end-to-end checks fail)."""
+    from .manager_machine import machine_name
+    name = machine_name("SchedulerMachine", target.spec)
+    return type(name, (SchedulerMachineBase,),
+                {"TARGET": target, "foreign": target.foreign, "policies": tuple(target.policies),
+                 "compare_state": compare_state, "worker_cls": staticmethod(worker_cls),
+                 "__qualname__": name})

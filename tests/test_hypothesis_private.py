@@ -10,9 +10,9 @@ import hypothesis
 from hypothesis.internal.conjecture import providers
 from hypothesis.stateful import RuleStrategy
 
-from kvgate.impl.manager import OffloadingManager
 from kvgate.properties import hypothesis_private as private
 from kvgate.properties.rule_choice import WeightedRules
+from kvgate.properties.targets import resolve_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,7 @@ def test_a_changed_api_is_named_with_the_version(monkeypatch):
 def test_the_rule_choice_and_the_empty_constant_pool_are_in_effect():
     """Not a silent fallback: a machine draws its steps from WeightedRules, and the pool of
     source constants is empty (both would quietly stop on a Hypothesis without them)."""
-    from kvgate.properties.scheduler_machine import machine_for
-    machine = machine_for(OffloadingManager)()
+    from kvgate.properties.scheduler_machine import make_machine
+    machine = make_machine(resolve_target("impl"))()
     assert isinstance(private.rule_strategy(machine), WeightedRules)
     assert not private.local_constants()

@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.impl.base import LookupResult, ReqContext, make_key
+from kvgate.impl.base import (
+    STORES_SKIPPED,
+    LookupResult,
+    ReqContext,
+    Stats,
+    TransferResult,
+    make_key,
+)
 from kvgate.impl.manager import OffloadingManager
 from kvgate.impl.scheduler import Request, RequestState, Scheduler, block_hashes_of, chunk_keys
 from kvgate.model.cache import Model
+from kvgate.properties.adapters import NativeAdapter
+from kvgate.properties.audit import driver_hooks
 from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.oracle import Divergence, LockstepManager
 from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine
-from kvgate.properties.scheduler_machine import machine_for
-from kvgate.properties.targets import NativeAdapter
+from kvgate.properties.scheduler_machine import make_machine
+from kvgate.properties.targets import resolve_target
 
 EVERY_OFFER_COUNTS = MUTANTS["every_offer_counts"]
 SCHEDULER_CAUGHT = sorted(name for name, m in MUTANTS.items() if m.admission)
@@ -108,13 +117,13 @@ def test_resumed_request_reoffer_fails_on_recounting_variants(name, natural):
 # --------------------------------------------------------------------------- the driver's rules
 
 def _checked(num_chunks=4, threshold=1, policy="lru", tracker=64_000, **kw):
-    proxy = LockstepManager(NativeAdapter(_impl(num_chunks, policy, threshold, tracker)),
+    oracle = LockstepManager(NativeAdapter(_impl(num_chunks, policy, threshold, tracker)),
                             Model(num_chunks, policy, threshold, tracker))
     worker = kw.pop("worker", None) or NullWorker(delay=kw.pop("delay", 1),
                                                   blocks_per_chunk=kw.get("blocks_per_chunk", 1),
                                                   track_data=True)
-    sched = Scheduler(proxy, worker, on_step=proxy.set_step, **kw)
-    return sched, proxy, worker
+    sched = Scheduler(oracle, worker, on_step=oracle.set_step, **driver_hooks(oracle), **kw)
+    return sched, oracle, worker
 
 
 def test_block_hashes_are_chained_and_keys_name_the_last_block_of_each_chunk():
@@ -127,11 +136,11 @@ def test_block_hashes_are_chained_and_keys_name_the_last_block_of_each_chunk():
 
 
 def test_offer_covers_store_position_to_last_complete_chunk_under_chunked_prefill():
-    sched, proxy, worker = _checked(block_size=2, max_tokens_per_step=3)
+    sched, oracle, worker = _checked(block_size=2, max_tokens_per_step=3)
     r = sched.add_request(Request.from_tokens("r", list(range(9)), 2, max_output_tokens=2))
     offers = []
-    real = proxy.prepare_store
-    proxy.prepare_store = lambda keys, ctx: offers.append(list(keys)) or real(keys, ctx)
+    real = oracle.prepare_store
+    oracle.prepare_store = lambda keys, ctx: offers.append(list(keys)) or real(keys, ctx)
     sched.run_until_idle()
     k = r.keys
     assert offers == [[k[0]], [k[1], k[2]], [k[3]]]  # 3, 6, 9 tokens computed
@@ -139,24 +148,24 @@ def test_offer_covers_store_position_to_last_complete_chunk_under_chunked_prefil
 
 
 def test_a_failed_offer_is_retried_at_the_next_step_with_newer_keys():
-    sched, proxy, worker = _checked(num_chunks=2, block_size=2, max_tokens_per_step=2, delay=None)
+    sched, oracle, worker = _checked(num_chunks=2, block_size=2, max_tokens_per_step=2, delay=None)
     pin, pinned = ReqContext("pin"), [make_key(b"p" * 8), make_key(b"q" * 8)]
-    proxy.on_new_request(pin)
-    proxy.prepare_store(pinned, pin)  # both chunks: stores in flight
+    oracle.on_new_request(pin)
+    oracle.prepare_store(pinned, pin)  # both chunks: stores in flight
     r = sched.add_request(Request.from_tokens("r", [1, 2, 3, 4, 5], 2, max_output_tokens=3))
     offers = []
-    real = proxy.prepare_store
+    real = oracle.prepare_store
 
     def spy(keys, ctx):
         out = real(keys, ctx)
         offers.append((list(keys), None if out is None else list(out[0])))
         return out
 
-    proxy.prepare_store = spy
+    oracle.prepare_store = spy
     sched.step()  # 2 tokens
     sched.step()  # 4 tokens
     assert r.store_pos == 0 and sched.counters.allocation_failures == 2
-    proxy.complete_store(pinned, pin)
+    oracle.complete_store(pinned, pin)
     sched.step()  # 5 tokens and a sample: the retry fits now
     k = r.keys
     assert offers == [([k[0]], None), ([k[0], k[1]], None), ([k[0], k[1]], [k[0], k[1]])]
@@ -167,13 +176,13 @@ def test_a_failed_offer_is_retried_at_the_next_step_with_newer_keys():
 
 
 def test_completions_of_jobs_issued_before_a_reset_never_reach_the_manager():
-    sched, proxy, worker = _checked(num_chunks=4, block_size=2, delay=3)
+    sched, oracle, worker = _checked(num_chunks=4, block_size=2, delay=3)
     r = sched.add_request(Request.from_tokens("r", [1, 2, 3, 4], 2, max_output_tokens=5))
     sched.step()
     assert sched.counters.store_jobs == 1
     calls = []
-    real = proxy.complete_store
-    proxy.complete_store = lambda keys, ctx=None, success=True: calls.append(keys) or \
+    real = oracle.complete_store
+    oracle.complete_store = lambda keys, ctx=None, success=True: calls.append(keys) or \
         real(keys, ctx, success)
     sched.reset()
     assert calls == [] and sched.counters.stores_stale == 2
@@ -187,7 +196,7 @@ def test_completions_of_jobs_issued_before_a_reset_never_reach_the_manager():
 
 
 def test_loads_stop_at_the_first_miss_wait_on_pending_and_pin_hits():
-    sched, proxy, worker = _checked(num_chunks=8, block_size=2, delay=2)
+    sched, oracle, worker = _checked(num_chunks=8, block_size=2, delay=2)
     a = sched.add_request(Request.from_tokens("a", [1, 2, 3, 4, 5, 6], 2, max_output_tokens=1))
     sched.step()
     b = sched.add_request(Request.from_tokens("b", [1, 2, 3, 4, 5, 6, 7], 2, max_output_tokens=1))
@@ -195,10 +204,10 @@ def test_loads_stop_at_the_first_miss_wait_on_pending_and_pin_hits():
     assert b.state is RequestState.WAITING and sched.counters.lookups_deferred == 1
     sched.step()
     assert b.state is RequestState.LOADING
-    assert [proxy.model.resident[k]["ref"] for k in a.keys] == [1, 1, 1]
+    assert [oracle.model.resident[k]["ref"] for k in a.keys] == [1, 1, 1]
     sched.run_until_idle()
     assert sched.counters.loads == 3 and sched.counters.prefix_hits == 3
-    assert [proxy.model.resident[k]["ref"] for k in a.keys] == [0, 0, 0]
+    assert [oracle.model.resident[k]["ref"] for k in a.keys] == [0, 0, 0]
     c = sched.manager.target if hasattr(sched.manager, "target") else sched.manager
     assert c.lookup(b.keys[0]) is LookupResult.HIT
     # a request whose prefix differs after block 1 loads one chunk only
@@ -208,18 +217,18 @@ def test_loads_stop_at_the_first_miss_wait_on_pending_and_pin_hits():
 
 
 def test_a_failed_copy_completes_the_store_unsuccessfully():
-    sched, proxy, worker = _checked(num_chunks=4, block_size=2, delay=2)
+    sched, oracle, worker = _checked(num_chunks=4, block_size=2, delay=2)
     r = sched.add_request(Request.from_tokens("r", [1, 2, 3, 4], 2, max_output_tokens=3))
     sched.step()
     (job,) = worker.in_flight()
     worker.fail(job)
     sched.run_until_idle()
     assert sched.counters.stores_failed == 2 and sched.counters.stores_completed == 0
-    assert all(k not in proxy.model.resident for k in r.keys)
+    assert all(k not in oracle.model.resident for k in r.keys)
 
 
 def test_preemption_when_gpu_blocks_run_out_restarts_the_last_request():
-    sched, proxy, worker = _checked(num_chunks=16, block_size=2, num_gpu_blocks=6)
+    sched, oracle, worker = _checked(num_chunks=16, block_size=2, num_gpu_blocks=6)
     first = sched.add_request(Request.from_tokens("p", [1, 2, 3, 4], 2, max_output_tokens=4))
     second = sched.add_request(Request.from_tokens("q", [5, 6, 7, 8], 2, max_output_tokens=4))
     sched.run_until_idle()
@@ -228,14 +237,14 @@ def test_preemption_when_gpu_blocks_run_out_restarts_the_last_request():
 
 
 def test_stored_chunks_hold_their_keys_data():
-    sched, proxy, worker = _checked(num_chunks=3, block_size=2, blocks_per_chunk=2, delay=2)
+    sched, oracle, worker = _checked(num_chunks=3, block_size=2, blocks_per_chunk=2, delay=2)
     reqs = [sched.add_request(Request.from_tokens(f"r{i}", [1, 2, i, 3, 4, 5, 6, 7, 8], 2,
                                                   max_output_tokens=2)) for i in range(4)]
     sched.run_until_idle()
     seen = 0
     for r in reqs:
         for i, key in enumerate(r.keys):
-            entry = proxy.model.resident.get(key)
+            entry = oracle.model.resident.get(key)
             if entry is not None and entry["ref"] >= 0:
                 seen += 1
                 assert worker.chunk_tags(entry["chunk"]) == r.block_hashes[2 * i:2 * i + 2]
@@ -243,9 +252,10 @@ def test_stored_chunks_hold_their_keys_data():
 
 
 def test_lockstep_names_the_step_and_the_call():
-    proxy = LockstepManager(NativeAdapter(EVERY_OFFER_COUNTS(4, store_threshold=2)),
+    oracle = LockstepManager(NativeAdapter(EVERY_OFFER_COUNTS(4, store_threshold=2)),
                             Model(4, "lru", 2, 64_000))
-    sched = Scheduler(proxy, NullWorker(delay=1), block_size=2, on_step=proxy.set_step)
+    sched = Scheduler(oracle, NullWorker(delay=1), block_size=2, on_step=oracle.set_step,
+                      **driver_hooks(oracle))
     r = sched.add_request(Request.from_tokens("r", [1, 2], 2, max_output_tokens=3))
     sched.step()
     sched.preempt(r)
@@ -277,16 +287,72 @@ class _InventsSkips(OffloadingManager):
 ])
 def test_lockstep_stats_of_foreign_targets(cls, foreign, agrees):
     threshold = 2 if cls is _NoSkipMetric else 1
-    proxy = LockstepManager(NativeAdapter(cls(2, store_threshold=threshold)),
+    oracle = LockstepManager(NativeAdapter(cls(2, store_threshold=threshold)),
                             Model(2, "lru", threshold, 64_000), foreign=foreign)
     ctx = ReqContext("r")
-    proxy.on_new_request(ctx)
-    proxy.prepare_store([make_key(b"a")], ctx)
+    oracle.on_new_request(ctx)
+    oracle.prepare_store([make_key(b"a")], ctx)
     if agrees:
-        proxy.get_stats()
+        oracle.get_stats()
     else:
         with pytest.raises(Divergence, match="get_stats"):
-            proxy.get_stats()
+            oracle.get_stats()
+
+
+def test_each_key_gets_its_position_on_the_requests_context():
+    """As an engine's scheduler does: the token index just past the key's chunk."""
+    sched = Scheduler(_impl(4), NullWorker(), block_size=2, blocks_per_chunk=2)
+    r = sched.add_request(Request.from_tokens("r", list(range(13)), 2, max_output_tokens=1))
+    assert len(r.keys) == 3  # 13 tokens: 6 complete blocks, 3 chunks of 4 tokens
+    assert [r.ctx.get_offload_key_position(k) for k in r.keys] == [4, 8, 12]
+
+
+class _Face:
+    """A manager with an adapter's face (``new_context``, ``set_position``, ``missing``) that
+    answers impl's ``Stats``: the driver must use what it is handed, never look for these."""
+
+    def __init__(self):
+        self.inner = _impl(4)
+        self.missing = frozenset({"touch"})
+        self.touched = 0
+
+    def new_context(self, req_id):
+        raise AssertionError("the driver looked for new_context on the manager")
+
+    def set_position(self, ctx, key, position):
+        raise AssertionError("the driver looked for set_position on the manager")
+
+    def touch(self, keys, ctx=None):
+        self.touched += 1
+        self.inner.touch(keys, ctx)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _loads_once(sched):
+    sched.add_request(Request.from_tokens("a", [1, 2, 3], 1, max_output_tokens=1))
+    sched.run_until_idle()
+    sched.add_request(Request.from_tokens("b", [1, 2, 3], 1, max_output_tokens=1))
+    sched.run_until_idle()
+    assert sched.counters.load_jobs == 1
+
+
+def test_the_driver_takes_what_it_needs_as_arguments_and_sniffs_nothing():
+    face = _Face()
+    _loads_once(Scheduler(face, NullWorker(), block_size=1))  # the defaults: impl's types
+    assert face.touched == 1, "missing on the manager must not switch touch off"
+    made, positions, read = [], [], []
+    face = _Face()
+    sched = Scheduler(face, NullWorker(), block_size=1,
+                      new_context=lambda req_id: made.append(req_id) or ReqContext(req_id),
+                      set_position=lambda ctx, key, end: positions.append(end),
+                      stats_dict=lambda stats: read.append(stats) or Stats.as_dict(stats),
+                      touch=False)
+    _loads_once(sched)
+    assert made == ["a", "b"] and positions == [1, 2, 3, 1, 2, 3]
+    assert face.touched == 0 and read and all(isinstance(s, Stats) for s in read)
+    assert sched.counters.skips == sum(Stats.as_dict(s).get(STORES_SKIPPED, 0) for s in read)
 
 
 def test_bad_configuration_is_refused():
@@ -302,7 +368,7 @@ def test_bad_configuration_is_refused():
 def test_scheduler_machine_passes_on_impl_and_reaches_every_situation():
     # The ci profile (derandomized) whatever profile the suite runs under: a coverage claim
     # must not depend on the seed.
-    machine = machine_for(_impl)
+    machine = make_machine(resolve_target("impl"))
     result = run_machine(machine, "ci")
     assert result.passed, result.message + "\n" + "\n".join(result.program)
     missing = [s for s in machine.expected_labels() if not result.labels.get(s)]
@@ -314,7 +380,27 @@ def test_scheduler_machine_catches_admission_variant(name):
     """Through the scheduler path alone: engine events only, and only the answers of the calls
     the driver makes and the end-to-end checks (no look at the tracker or the policy's order).
     Shrinking is skipped here for time, so the failure is the first one found."""
-    result = run_machine(machine_for(MUTANTS[name], compare_state=False), "ci",
-                         phases=FIRST_FAILURE)
+    result = run_machine(make_machine(resolve_target(f"mutant:{name}"), compare_state=False),
+                         "ci", phases=FIRST_FAILURE)
     assert not result.passed, f"{name} was not caught through the scheduler"
     assert isinstance(result.error, AssertionError), result.message
+
+
+class _LoadsNothing(NullWorker):
+    """Its loads report success without copying: the GPU blocks keep what they held."""
+
+    def _finish(self, job_id):
+        if self._jobs[job_id][1] != "load":
+            return super()._finish(job_id)
+        del self._jobs[job_id]
+        return TransferResult(job_id, True, 0, 0.0)
+
+
+def test_scheduler_machine_checks_that_loads_bring_their_data():
+    """The audit's data checks are built in the machine and read by it: a worker whose loads
+    bring nothing is caught by them (no manager answer differs)."""
+    machine = make_machine(resolve_target("impl"), worker_cls=_LoadsNothing)
+    result = run_machine(machine, "ci", phases=FIRST_FAILURE)
+    assert not result.passed
+    assert "data: step" in result.message and "loaded from chunk" in result.message, \
+        result.message

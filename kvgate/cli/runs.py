@@ -24,20 +24,12 @@ MACHINES = ("manager", "scheduler")
 
 def build_machine(kind: str, target: Target):
     """The machine class of ``kind`` checking ``target``, named as Hypothesis prints it."""
-    from kvgate.properties.manager_machine import machine_name
     if kind == "manager":
         from kvgate.properties.manager_machine import make_machine
         return make_machine(target)
     if kind == "scheduler":
-        from kvgate.properties.scheduler_machine import machine_for
-
-        def factory(num_chunks, cache_policy="lru", store_threshold=1,
-                    max_tracker_size=64_000):
-            return target.make(num_chunks, cache_policy, store_threshold, max_tracker_size)
-
-        cls = machine_for(factory, foreign=target.foreign, policies=target.policies)
-        cls.__name__ = cls.__qualname__ = machine_name("SchedulerMachine", target.spec)
-        return cls
+        from kvgate.properties.scheduler_machine import make_machine as make_scheduler_machine
+        return make_scheduler_machine(target)
     raise UsageError(f"unknown machine {kind!r}; one of {', '.join(MACHINES)}")
 
 

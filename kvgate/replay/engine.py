@@ -37,7 +37,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from kvgate.impl.scheduler import Scheduler
 from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
 from kvgate.properties.audit import Audit
 from kvgate.properties.null_worker import NullWorker
@@ -154,13 +153,13 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     if s.limit is not None:
         trace = trace[:s.limit]
     manager = tgt.make(s.num_chunks, policy, s.store_threshold, s.max_tracker_size)
-    proxy = None
+    oracle = None
     if check:
         from kvgate.model.cache import Model
-        proxy = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
-                                               s.max_tracker_size),
-                                foreign=getattr(tgt, "foreign", False))
-        manager = proxy
+        oracle = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
+                                                s.max_tracker_size),
+                                 foreign=getattr(tgt, "foreign", False))
+        manager = oracle
     verify = s.verify or s.worker == "copy"
     if worker is None:
         worker = make_worker(s, verify)
@@ -168,13 +167,12 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
 
     def on_step(step: int) -> None:
         audit.set_step(step)
-        if proxy is not None:
-            proxy.set_step(step)
+        if oracle is not None:
+            oracle.set_step(step)
 
-    sched = Scheduler(audit.manager, audit.worker, block_size=s.block_size,
-                      blocks_per_chunk=s.blocks_per_chunk, num_gpu_blocks=s.gpu_blocks,
-                      max_running=s.max_running, max_tokens_per_step=s.prefill_tokens,
-                      on_step=on_step)
+    sched = audit.driver(block_size=s.block_size, blocks_per_chunk=s.blocks_per_chunk,
+                         num_gpu_blocks=s.gpu_blocks, max_running=s.max_running,
+                         max_tokens_per_step=s.prefill_tokens, on_step=on_step)
     report = ReplayReport(getattr(tgt, "spec", str(target)), s, checked=check)
     total = len(trace)
     started = time.perf_counter()

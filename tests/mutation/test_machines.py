@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 import kvgate.impl.manager
-from kvgate.impl.manager import OffloadingManager
+from kvgate.properties import scheduler_machine
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine
-from kvgate.properties.scheduler_machine import machine_for
 from kvgate.properties.targets import resolve_target
 
 PROFILE = "ci"
@@ -52,5 +51,5 @@ def test_manager_machine(spec):
 
 
 def test_scheduler_machine():
-    machine = machine_for(OffloadingManager)
+    machine = scheduler_machine.make_machine(resolve_target("impl"))
     _passes(run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=FIRST_FAILURE))
