@@ -283,7 +283,7 @@ def impl_contender(trace: Trace) -> Contender:
 def vllm_contender(trace: Trace, spec_text: str = "vllm") -> tuple[Contender | None, str]:
     """vLLM's manager (or ``vllm=MODULE:ATTR``) with its own keys and contexts, or None and
     why not."""
-    from kvgate.properties.targets import TargetError
+    from kvgate.properties.adapters import TargetError
     from kvgate.properties.vllm_adapter import resolve_vllm
     try:
         target = resolve_vllm(spec_text)

@@ -92,7 +92,7 @@ def _dedup(values):
     return out
 
 
-def _longest_run(blocks, slots, kind) -> int:
+def _longest_run(blocks, slots) -> int:
     """The longest stretch of positions where the source and the destination ids (GPU block
     and flat sub-block) both go up by one."""
     best = cur = 1 if blocks else 0
@@ -105,7 +105,7 @@ def _longest_run(blocks, slots, kind) -> int:
 def _mixed(blocks, slots) -> bool:
     """A transfer with a run of at least 4 positions where both ids go up by one and also
     positions outside it (what _copy_cpu splits into slices and single rows)."""
-    return 4 <= _longest_run(blocks, slots, None) < len(blocks)
+    return 4 <= _longest_run(blocks, slots) < len(blocks)
 
 
 def _stepped(src, dst) -> bool:
@@ -334,7 +334,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                                         fails or raises, raises, call_seconds)
         self.order[kind].append(job_id)
         self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks),
-                    run=_longest_run(blocks, slots, kind), raises=raises, form=form,
+                    run=_longest_run(blocks, slots), raises=raises, form=form,
                     mixed=_mixed(blocks, slots),
                     stepped=not (fails or raises) and _stepped(
                         *((blocks, slots) if kind == STORE else (slots, blocks))))

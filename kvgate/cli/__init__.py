@@ -33,7 +33,7 @@ import sys
 from collections.abc import Sequence
 
 from kvgate.outputs import OutputError
-from kvgate.properties.targets import TargetError
+from kvgate.properties.adapters import TargetError
 
 from . import check, listing, mutants
 from .errors import Parser, UsageError, one_line
