@@ -49,21 +49,32 @@ class ReqContext:
     """One request's context: kept by the scheduler across preemption, dropped at finish.
 
     ``get_state(cls)`` / ``set_state(value)`` give every component one scratch slot per type,
-    so a manager keeps its per-request bookkeeping with the request itself.
+    so a manager keeps its per-request bookkeeping with the request itself;
+    ``set_offload_key_position`` / ``get_offload_key_position`` carry each key's position in
+    the request.
     """
 
-    __slots__ = ("req_id", "kv_transfer_params", "_state")
+    __slots__ = ("req_id", "kv_transfer_params", "_state", "_positions", "__weakref__")
 
     def __init__(self, req_id: str, kv_transfer_params: Any = None):
         self.req_id = req_id
         self.kv_transfer_params = kv_transfer_params
         self._state: dict[type, Any] = {}
+        self._positions: dict[bytes, int] = {}
 
     def get_state(self, cls: type[_T]) -> _T | None:
         return self._state.get(cls)
 
     def set_state(self, value: Any) -> None:
         self._state[type(value)] = value
+
+    def set_offload_key_position(self, key: bytes, end_token: int) -> None:
+        """Where ``key`` ends in this request (its end token): the scheduler records it so that
+        a manager can order the request's keys head to tail (spec R3)."""
+        self._positions[key] = end_token
+
+    def get_offload_key_position(self, key: bytes) -> int | None:
+        return self._positions.get(key)
 
     def __repr__(self) -> str:
         return f"ReqContext({self.req_id!r})"
@@ -94,6 +105,11 @@ class TransferResult(NamedTuple):
     bytes: int = 0
     seconds: float = 0.0
 
+
+# What ``on_new_request`` and ``get_load_source`` answer (spec section 9): the request's chunks
+# are offloaded as it computes them, and a hit is served from the CPU tier.
+CHUNK_LEVEL = "chunk_level"
+HOST = "host"
 
 # Upstream metric names (SPEC section 5).
 STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
