@@ -42,7 +42,7 @@ from .coverage import Recorded
 from .null_worker import NullWorker
 from .oracle import LockstepManager, fmt_key
 from .rule_choice import install as install_rule_choice
-from .targets import NativeAdapter
+from .adapters import NativeAdapter
 
 VOCAB = (1, 2)
 NAMES = ("a", "b", "c")
@@ -70,6 +70,7 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     foreign: bool = False
     compare_state: bool = True
     policies: tuple[str, ...] = ("lru", "arc")
+    recencies: tuple[str, ...] = ("touch",)  # the target's recency semantics (spec section 4)
     LABELS = LABELS
     RULE_WEIGHTS = {"step": 3, "add_request": 2, "complete_copies": 2, "fail_copy": 1,
                     "preempt": 1, "resume": 1, "finish": 1, "reset": 1}
@@ -87,16 +88,18 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     @initialize(num_chunks=st.integers(1, 3), threshold=st.sampled_from([2, 2, 3, 1, 0]),
                 tracker=st.sampled_from([64_000, 2, 4]), policy_index=st.integers(0, 1),
                 blocks_per_chunk=st.sampled_from([1, 2]), delay=st.sampled_from([None, 1, 2]),
-                budget=st.sampled_from([None, 3]))
+                budget=st.sampled_from([None, 3]), recency_index=st.integers(0, 1))
     def setup(self, num_chunks, threshold, tracker, policy_index, blocks_per_chunk, delay,
-              budget):
+              budget, recency_index):
         policy = self.policies[policy_index % len(self.policies)]
+        recency = self.recencies[recency_index % len(self.recencies)]
+        extra = {"recency": recency} if self.recencies != ("touch",) else {}
         target = type(self).factory(num_chunks, cache_policy=policy, store_threshold=threshold,
-                                    max_tracker_size=tracker)
+                                    max_tracker_size=tracker, **extra)
         if not hasattr(target, "new_context"):  # a bare manager of kvgate's interface
             target = NativeAdapter(target)
         self.threshold = threshold
-        self.model = Model(num_chunks, policy, threshold, tracker)
+        self.model = Model(num_chunks, policy, threshold, tracker, recency)
         self.proxy = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
         self.worker = NullWorker(delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True)
         self.bpc = blocks_per_chunk
@@ -251,13 +254,14 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
 
 
 def machine_for(factory: Callable[..., object], *, foreign: bool = False,
-                policies: tuple[str, ...] = ("lru", "arc"),
+                policies: tuple[str, ...] = ("lru", "arc"), recencies: tuple[str, ...] = ("touch",),
                 compare_state: bool = True) -> type[SchedulerMachineBase]:
     """The scheduler machine for one manager factory. ``compare_state=False``: only the calls'
     answers and the end-to-end checks, no inspection of the target's tracker or policy."""
     name = getattr(getattr(factory, "cls", factory), "__name__", type(factory).__name__)
     cls = type(f"SchedulerMachine_{name}", (SchedulerMachineBase,),
                {"factory": staticmethod(factory), "foreign": foreign,
-                "policies": tuple(policies), "compare_state": compare_state})
+                "policies": tuple(policies), "recencies": tuple(recencies),
+                "compare_state": compare_state})
     return cls
 

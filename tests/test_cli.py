@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.cli import main
+from kvgate.properties.adapters import Config
 from kvgate.properties.manager_machine import EXACT_ONLY
 from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
@@ -192,7 +193,6 @@ def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path
     (["check", "--target", "kvgate.impl.manager:NoSuchManager"], "has no attribute"),
     (["check", "--target", "tests.fake_vllm:NotAManager"], "lacks the manager interface"),
     (["check", "--target", "vllm=tests.fake_vllm:NotAManager"], "lacks vLLM's manager"),
-    (["check", "--target", "builtins:len"], "could not be built"),
     (["check", "--target", "mutant:no_such_variant"], "unknown mutant"),
     (["check", "--target", "kvgate.impl.manager"], "is not MODULE:ATTR"),
     (["check", "--bogus"], "unrecognized arguments"),
@@ -209,6 +209,15 @@ def test_usage_and_target_errors_exit_2_with_one_line(capsys, args, says):
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert says in err
+
+
+def test_a_constructor_that_raises_is_a_counterexample(capsys):
+    """Spec §9: a target whose constructor raises on a configuration the model accepts fails
+    the gate (exit 1) with the configuration it refused, not a usage error."""
+    code, out, _ = check(capsys, "--target", "builtins:abs", "--machine", "manager")
+    assert code == 1, out
+    assert "the target's constructor raised TypeError" in out
+    assert "which the model accepts" in out
 
 
 def test_no_command_prints_help_and_exits_2(capsys):
@@ -413,10 +422,11 @@ def test_adapter_speaks_our_keys_and_plain_values():
     assert stats["vllm:kv_offload_cpu_allocation_size"] == [1]  # from the unreduced samples
     assert adapter.get_stats()["vllm:kv_offload_cpu_allocation_size"] == []
     adapter.complete_store([a], other)
-    assert adapter.take_events() == [((a,), False, False)]
+    assert adapter.take_events() == [((a,), False, False, True, other)]
     assert adapter.take_events() == []
     assert adapter.prepare_load([a], other) == [0]
-    assert adapter.free_chunks() is None and adapter.chunk_of(a) is None
+    assert adapter.free_chunks() == 3 and adapter.resident(a) == (0, 1)
+    assert adapter.policy_state() == {"lru": [a]}
 
 
 def test_adapter_drains_events_only_by_iterating_the_generator():
@@ -449,17 +459,18 @@ def test_adapter_tolerates_events_without_metadata_only_and_summarised_histogram
     from kvgate.impl.base import make_key
     adapter = VllmAdapter(Manager(2), types=TYPES)
     adapter.lookup(make_key(b"a"), adapter.new_context("r0"))  # the adapter has seen key a
-    assert adapter.take_events() == [((make_key(b"a"),), True, False)]
+    assert adapter.take_events() == [((make_key(b"a"),), True, False, None, None)]
     assert adapter.get_stats() == {"vllm:kv_offload_cpu_cache_usage_perc": 0.25}
 
 
 def test_adapter_builds_with_vllm_constructor_names():
     target = resolve_vllm("vllm=tests.fake_vllm:FakeManager")
-    adapter = target.make(3, "arc", 2, 5)
+    adapter = target.make(Config(3, "arc", 2, 5))
     assert adapter.manager._m.num_chunks == 3 and adapter.manager._m.cache_policy == "arc"
     assert adapter.manager._m.tracker is not None and adapter.manager._m._events is not None
-    assert target.foreign and target.policies == ("lru", "arc")
-    assert resolve_target("vllm=tests.fake_vllm:FakeManager").foreign
+    assert not target.foreign and target.policies == ("lru", "arc")
+    assert target.recencies == ("request",) and not target.kvgate_interface
+    assert resolve_target("foreign=vllm=tests.fake_vllm:FakeManager").foreign
 
 
 def test_scheduler_history_lists_the_offers_of_the_counterexample(capsys, tmp_path):

@@ -14,7 +14,7 @@ from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.runner import run_machine
 from kvgate.properties.scheduler_machine import machine_for
-from kvgate.properties.targets import NativeAdapter
+from kvgate.properties.adapters import NativeAdapter
 
 EVERY_OFFER_COUNTS = MUTANTS["every_offer_counts"]
 SCHEDULER_CAUGHT = sorted(name for name, m in MUTANTS.items() if m.admission)
@@ -256,11 +256,33 @@ def test_lockstep_names_the_step_and_the_call():
 
 
 class _NoSkipMetric(OffloadingManager):
-    """Reports every metric but the skip count (as an adapter that cannot see it would)."""
+    """Reports every metric but the skip count (as a build that stopped emitting it would)."""
 
     def get_stats(self):
         stats = super().get_stats().as_dict()
         stats.pop("vllm:kv_offload_stores_skipped", None)
+        return stats
+
+
+class _NoWriteGauge(OffloadingManager):
+    """Never reports the write-usage gauge (an adapter that cannot see it, say)."""
+
+    def get_stats(self):
+        stats = super().get_stats().as_dict()
+        stats.pop("vllm:kv_offload_cpu_cache_write_usage_perc")
+        return stats
+
+
+class _WriteGaugeGoesMissing(OffloadingManager):
+    """Reports the write-usage gauge at its first read only."""
+
+    reads = 0
+
+    def get_stats(self):
+        stats = super().get_stats().as_dict()
+        self.reads += 1
+        if self.reads > 1:
+            stats.pop("vllm:kv_offload_cpu_cache_write_usage_perc")
         return stats
 
 
@@ -270,13 +292,17 @@ class _InventsSkips(OffloadingManager):
 
 
 @pytest.mark.parametrize("cls, foreign, agrees", [
-    (_NoSkipMetric, True, True),  # a foreign target may leave a metric out
-    (_NoSkipMetric, False, False),  # an exact one may not
-    (_InventsSkips, True, False),  # and none may report skips at store_threshold < 2
+    (_NoSkipMetric, True, False),  # no target may leave out the skip metric at threshold >= 2
+    (_NoSkipMetric, False, False),
+    (_NoWriteGauge, True, True),  # a foreign target reports a fixed set: its first read's
+    (_NoWriteGauge, False, False),  # an exact one reports the model's
+    (_WriteGaugeGoesMissing, True, False),  # and a metric that goes missing later diverges
+    (_InventsSkips, True, False),  # none may report skips at store_threshold < 2
     (_InventsSkips, False, False),
 ])
-def test_lockstep_stats_of_foreign_targets(cls, foreign, agrees):
-    threshold = 2 if cls is _NoSkipMetric else 1
+def test_lockstep_stats_no_metric_is_optional_by_silence(cls, foreign, agrees):
+    """Spec §5: a metric is never optional by silence (each row: what the oracle says)."""
+    threshold = 1 if cls is _InventsSkips else 2
     proxy = LockstepManager(NativeAdapter(cls(2, store_threshold=threshold)),
                             Model(2, "lru", threshold, 64_000), foreign=foreign)
     ctx = ReqContext("r")
@@ -284,9 +310,11 @@ def test_lockstep_stats_of_foreign_targets(cls, foreign, agrees):
     proxy.prepare_store([make_key(b"a")], ctx)
     if agrees:
         proxy.get_stats()
-    else:
-        with pytest.raises(Divergence, match="get_stats"):
-            proxy.get_stats()
+        proxy.get_stats()
+        return
+    with pytest.raises(Divergence, match="get_stats"):
+        proxy.get_stats()
+        proxy.get_stats()
 
 
 def test_bad_configuration_is_refused():

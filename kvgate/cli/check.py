@@ -198,17 +198,8 @@ def coverage_lines(runs: Sequence[Run]) -> list[str]:
 
 def not_checked_lines(targets: Sequence[Target]) -> list[str]:
     """What each foreign or incomplete target was not checked for, and why."""
-    from kvgate.properties.oracle import EXACT_ONLY
-    out = []
-    for t in targets:
-        parts = []
-        if t.foreign:
-            parts.append(f"{', '.join(EXACT_ONLY)} (an adapter cannot see them)")
-        if t.missing:
-            parts.append(f"no {', '.join(sorted(t.missing))} steps (the target lacks them)")
-        if parts:
-            out.append(f"not checked for {t.spec}: {'; '.join(parts)}")
-    return out
+    return [f"not checked for {t.spec}: {'; '.join(parts)}" for t in targets
+            if (parts := t.unchecked())]
 
 
 def print_summary(display: Display, runs: Sequence[Run], targets: Sequence[Target],

@@ -15,7 +15,8 @@ from hypothesis import settings as Settings
 
 from kvgate.properties.profiles import PROFILES, default_profile
 from kvgate.properties.runner import PROFILE_DATABASE, RunResult, run_machine
-from kvgate.properties.targets import Target, TargetError, resolve_target
+from kvgate.properties.adapters import Config, Target, TargetError
+from kvgate.properties.targets import resolve_target
 
 from .errors import UsageError, one_line
 
@@ -33,10 +34,12 @@ def build_machine(kind: str, target: Target):
         from kvgate.properties.scheduler_machine import machine_for
 
         def factory(num_chunks, cache_policy="lru", store_threshold=1,
-                    max_tracker_size=64_000):
-            return target.make(num_chunks, cache_policy, store_threshold, max_tracker_size)
+                    max_tracker_size=64_000, recency=target.recencies[0]):
+            return target.make(Config(num_chunks, cache_policy, store_threshold,
+                                      max_tracker_size, True, recency))
 
-        cls = machine_for(factory, foreign=target.foreign, policies=target.policies)
+        cls = machine_for(factory, foreign=target.foreign, policies=target.policies,
+                          recencies=target.recencies)
         cls.__name__ = cls.__qualname__ = machine_name("SchedulerMachine", target.spec)
         return cls
     raise UsageError(f"unknown machine {kind!r}; one of {', '.join(MACHINES)}")
@@ -63,16 +66,15 @@ def profile_settings(profile: str) -> Settings:
 
 
 def resolve_targets(specs: Sequence[str]) -> list[Target]:
-    """Resolve and build each target once (a small configuration), so that a target that
-    cannot be imported, built or driven is a one-line error before any run."""
+    """Resolve each target, so that a target that cannot be imported or lacks the interface is
+    a one-line error before any run (a constructor that raises on a valid configuration is a
+    counterexample the machines report, spec section 9)."""
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # MODULE:ATTR from the current directory, as `python -m`
     targets = []
     for spec in specs:
-        target = resolve_target(spec)
-        target.make(4, target.policies[0], 2, 4)
-        targets.append(target)
+        targets.append(resolve_target(spec))
     return targets
 
 

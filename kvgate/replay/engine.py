@@ -43,7 +43,8 @@ from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
 from kvgate.properties.audit import Audit
 from kvgate.properties.oracle import Divergence, LockstepManager, fmt_key
 from kvgate.properties.null_worker import NullWorker
-from kvgate.properties.targets import TargetError, resolve_target
+from kvgate.properties.adapters import Config, TargetError
+from kvgate.properties.targets import resolve_target
 
 
 # --------------------------------------------------------------------------- targets
@@ -155,12 +156,14 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     s = replace(s, policy=policy)
     if s.limit is not None:
         trace = trace[:s.limit]
-    manager = tgt.make(s.num_chunks, policy, s.store_threshold, s.max_tracker_size)
+    recency = tgt.recencies[0]
+    manager = tgt.make(Config(s.num_chunks, policy, s.store_threshold, s.max_tracker_size,
+                              True, recency))
     proxy = None
     if check:
         from kvgate.model.cache import Model
         proxy = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
-                                               s.max_tracker_size),
+                                               s.max_tracker_size, recency),
                                 foreign=getattr(tgt, "foreign", False))
         manager = proxy
     verify = s.verify or s.worker == "copy"
