@@ -14,12 +14,19 @@ plus the machine's own glue (comparisons, history, labels) and the proxies' own 
 - worker machine: ``target`` = impl's OffloadWorker, ``model`` = the byte model (the helpers that
   update what every byte should hold, and the invariant comparing them).
 
+Below the table: the default gate's wall time, ``CI=true kvgate check`` end to end in a fresh
+process (impl, both policies, every machine that applies; goal under 40 s).
+
     python -m bench.throughput [--quick]
 """
 from __future__ import annotations
 
 import argparse
 import functools
+import os
+import re
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -29,6 +36,7 @@ from kvgate.properties.runner import run_machine
 from kvgate.properties.targets import resolve_target
 
 GOAL_STEPS_PER_S = 3000.0  # the manager-vs-model machine on impl (issue 17)
+GOAL_GATE_SECONDS = 40.0  # the default gate on impl under ci (issue 26)
 GLUE = "machine glue"
 LOCKSTEP = "lockstep comparisons"
 HYPOTHESIS = "Hypothesis"
@@ -273,6 +281,24 @@ def goal(rows: list[Row]) -> tuple[bool, str]:
                  f"of CPU time {worst_cpu:,.0f} steps")
 
 
+def default_gate(level: str = "full") -> tuple[bool, str]:
+    """Run ``CI=true kvgate check`` as a user would and time it end to end (the interpreter's
+    start and every import included). Shorter levels cap the examples per run, and say so."""
+    cap = {"full": [], "quick": ["--max-examples", "100"], "smoke": ["--max-examples", "5"]}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "kvgate", "check", *cap[level]],
+                          env={**os.environ, "CI": "true"}, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    lines = done.stdout.splitlines()
+    ran = re.search(r"; machines: ([^;]*);", lines[0]).group(1) if lines else "?"
+    met = done.returncode == 0 and seconds < GOAL_GATE_SECONDS
+    return met, (f"default gate on impl (`CI=true kvgate check`"
+                 + (f" {' '.join(cap[level])}" if cap[level] else "")
+                 + f"; machines: {ran}): {seconds:.1f} s wall end to end, exit "
+                 f"{done.returncode} (goal < {GOAL_GATE_SECONDS:g} s): "
+                 + ("met" if met else "NOT met"))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -280,6 +306,7 @@ def main(argv=None) -> int:
     rows = measure("quick" if args.quick else "full")
     print(table(rows))
     print(goal(rows)[1])
+    print(default_gate("quick" if args.quick else "full")[1])
     return 0
 
 

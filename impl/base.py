@@ -106,6 +106,11 @@ class TransferResult(NamedTuple):
     seconds: float = 0.0
 
 
+# What ``on_new_request`` and ``get_load_source`` answer (spec section 9): the request's chunks
+# are offloaded as it computes them, and a hit is served from the CPU tier.
+CHUNK_LEVEL = "chunk_level"
+HOST = "host"
+
 # Upstream metric names (SPEC section 5).
 STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
 ALLOCATION_SIZE = "vllm:kv_offload_cpu_allocation_size"

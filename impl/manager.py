@@ -5,9 +5,15 @@ Chunks are ``pending`` (ref -1, store in flight), ``idle`` (ref 0, evictable) or
 ``Resident`` entry (chunk id and ref count); the pool hands out chunk ids; the tracker decides
 admission when ``store_threshold >= 2``.
 
-Per-request records (keys counted, skips counted, store misses shown to the policy) live in
-the request's context, tagged with this manager and its generation: a reset bumps the
-generation, so every request starts counting over without any list to clean (A7).
+Per-request records (keys counted, skips counted, store misses shown to the policy, and under
+request-scoped recency what the request saw, inserted and reused) live in the request's
+context, tagged with this manager and its generation: a reset bumps the generation, so every
+request starts counting over without any list to clean (A7).
+
+Two recency semantics (spec section 4), a constructor choice: ``recency="touch"`` (the policy
+learns from ``touch`` and inserts) and ``recency="request"`` (spec R1-R7: each request's
+accesses are shown to the policy at first sight and committed, head to tail by the keys'
+positions in the request, when it finishes; ``touch`` is still honoured).
 """
 from __future__ import annotations
 
@@ -15,12 +21,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from .base import (
+    CHUNK_LEVEL,
+    HOST,
     LookupResult,
     OffloadingEvent,
     OffloadProtocolError,
     PrepareStoreOutput,
     ReqContext,
     Stats,
+    key_group,
 )
 from .policies import make_policy
 from .policies.base import PENDING, Resident
@@ -31,14 +40,39 @@ from .tracker import AdmissionTracker
 class RequestRecord:
     """What one request has done in one generation of one manager."""
 
-    __slots__ = ("owner", "generation", "counted", "skipped", "missed")
+    __slots__ = ("owner", "generation", "counted", "skipped", "misses", "seen", "inserted",
+                 "reused", "committed", "rank")
 
     def __init__(self, owner: object, generation: int):
         self.owner = owner
         self.generation = generation
         self.counted: set[bytes] = set()  # keys counted toward the threshold
         self.skipped: set[bytes] = set()  # keys whose skip is in the metric
-        self.missed: set[bytes] = set()  # store misses shown to the policy
+        self.misses: set[bytes] = set()  # admitted store misses shown to the policy
+        # request-scoped recency (spec R1): first-sight order, what it stored and reused
+        self.seen: dict[bytes, None] = {}
+        self.inserted: set[bytes] = set()
+        self.reused: set[bytes] = set()
+        self.committed = False
+        self.rank: int | None = None  # the policy's rank for this request, when it needs one
+
+
+def _no_position(key: bytes) -> None:
+    return None
+
+
+def _positions(ctx: object):
+    """The request's key positions (``ReqContext.get_offload_key_position``), if it has any."""
+    return getattr(ctx, "get_offload_key_position", None) or _no_position
+
+
+def _ordered(keys: list[bytes], position) -> list[bytes]:
+    """``keys`` by position when every one has a position, else as they are (stable)."""
+    positions = [position(k) for k in keys]
+    if None in positions:
+        return keys
+    by_key = dict(zip(keys, positions))
+    return sorted(keys, key=by_key.__getitem__)
 
 
 def _check_keys(keys: Iterable[bytes]) -> list[bytes]:
@@ -51,7 +85,8 @@ def _check_keys(keys: Iterable[bytes]) -> list[bytes]:
 
 class OffloadingManager:
     def __init__(self, num_chunks: int, cache_policy: str = "lru", enable_events: bool = True,
-                 store_threshold: int = 1, max_tracker_size: int = 64_000):
+                 store_threshold: int = 1, max_tracker_size: int = 64_000,
+                 recency: str = "touch"):
         for name, value, low in (("num_chunks", num_chunks, 0),
                                  ("store_threshold", store_threshold, 0),
                                  ("max_tracker_size", max_tracker_size, 1)):
@@ -59,8 +94,10 @@ class OffloadingManager:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.num_chunks = num_chunks
         self.store_threshold = store_threshold
-        self._policy = make_policy(cache_policy, num_chunks)
+        self._policy = make_policy(cache_policy, num_chunks, recency)
         self.cache_policy = cache_policy
+        self.recency = recency
+        self._request_scoped = recency == "request"
         self._pool = ChunkPool(num_chunks)
         self._num_pending = 0
         self._num_pinned = 0
@@ -96,11 +133,63 @@ class OffloadingManager:
 
     # --- OffloadingManager interface ---
 
-    def on_new_request(self, ctx: ReqContext) -> None:
+    def on_new_request(self, ctx: ReqContext) -> str:
         self._record(ctx)
+        return CHUNK_LEVEL
 
     def on_request_finished(self, ctx: ReqContext) -> None:
-        pass  # the records go with the context
+        """Request-scoped recency: commit the request's accesses once, head to tail (spec R3);
+        a record of another manager or an older generation commits nothing."""
+        rec = ctx.get_state(RequestRecord)
+        if not self._request_scoped or rec is None or not self._committable(rec):
+            return
+        rec.committed = True
+        order = self._commit_order(rec, _positions(ctx))
+        self._policy.commit(order, rec.inserted - rec.reused, rec.reused)
+
+    def _committable(self, rec: RequestRecord) -> bool:
+        return rec.owner is self._token and rec.generation == self.generation \
+            and not rec.committed
+
+    @staticmethod
+    def _commit_order(rec: RequestRecord, position) -> list[bytes]:
+        """The request's keys head to tail: per group (in group order) by position, then all
+        of them by position, each sort only where every key has a position (spec R3)."""
+        groups: dict[int, list[bytes]] = {}
+        for key in rec.seen:
+            groups.setdefault(key_group(key), []).append(key)
+        return _ordered([k for g in sorted(groups) for k in _ordered(groups[g], position)],
+                        position)
+
+    def _access(self, rec: RequestRecord, keys: Sequence[bytes], reused: Sequence[bytes],
+                ctx: ReqContext) -> None:
+        """Spec R1, R2: what the request saw (new keys shown to the policy) and reused."""
+        new = [key for key in keys if key not in rec.seen]
+        if new:
+            if rec.committed:
+                raise OffloadProtocolError(
+                    f"a finished request shows new key {new[0]!r}")
+            rec.seen.update(dict.fromkeys(new))
+            self._policy.first_sight(new, rec, _positions(ctx))
+        rec.reused.update(self._reuses(rec, reused))
+
+    @staticmethod
+    def _reuses(rec: RequestRecord, keys: Sequence[bytes]) -> list[bytes]:
+        """Of the ready keys a request read, those that are reuses: not the ones it inserted
+        itself (re-reading its own store is not a second use, spec R1)."""
+        return [key for key in keys if key not in rec.inserted]
+
+    def get_load_source(self, key: bytes, ctx: ReqContext | None = None) -> str:
+        """Where a hit comes from: this manager's one tier, the CPU (host) memory."""
+        if self.lookup(key, ctx) is not LookupResult.HIT:
+            raise OffloadProtocolError(f"get_load_source: key {key!r} is not a hit")
+        return HOST
+
+    def config_info(self) -> list[dict]:
+        return [{}]
+
+    def has_pending_work(self) -> bool:
+        return False
 
     def lookup(self, key: bytes, ctx: ReqContext | None = None) -> LookupResult:
         _check_keys([key])
@@ -116,11 +205,24 @@ class OffloadingManager:
             if entry is None or not entry.ready:
                 state = "not resident" if entry is None else "pending"
                 raise OffloadProtocolError(f"prepare_load: key {key!r} is {state}")
+        if self._request_scoped:
+            # checked first: a refused load changes nothing
+            rec = self._record(self._context(ctx, "prepare_load"))
+            if rec.committed and any(key not in rec.seen for key in keys):
+                raise OffloadProtocolError(f"prepare_load: {ctx!r} has finished")
         for entry in entries:
             if entry.ref == 0:
                 self._num_pinned += 1
             entry.ref += 1
+        if self._request_scoped:
+            self._access(rec, keys, keys, ctx)
         return [entry.chunk for entry in entries]
+
+    @staticmethod
+    def _context(ctx: object, call: str) -> ReqContext:
+        if not callable(getattr(ctx, "get_state", None)):
+            raise TypeError(f"{call} needs a request context, got {ctx!r}")
+        return ctx  # type: ignore[return-value]
 
     def complete_load(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> None:
         keys = _check_keys(keys)
@@ -140,31 +242,41 @@ class OffloadingManager:
 
     def prepare_store(self, keys: Iterable[bytes], ctx: ReqContext) -> PrepareStoreOutput | None:
         offer = self._dedupe(_check_keys(keys))
-        if not callable(getattr(ctx, "get_state", None)):
-            raise TypeError(f"prepare_store needs a request context, got {ctx!r}")
-        rec = self._record(ctx)
+        rec = self._record(self._context(ctx, "prepare_store"))
+        if self._request_scoped and rec.committed:
+            raise OffloadProtocolError(f"prepare_store: {ctx!r} has finished")
         if self.tracker is None:
             admitted = [k for k in offer if not self._is_resident(k)]
         else:
             admitted, new_skips = self.tracker.admit(
                 offer, rec.counted, rec.skipped, self._is_resident)
             self._skipped += new_skips
+        misses = [key for key in admitted if key not in rec.misses]  # once per request
+        rec.misses.update(misses)
+        self._policy.on_store_misses(misses)
+        if self._request_scoped:  # recorded before the allocation check: a None keeps it
+            ready = self._ready_in(offer)
+            recorded = set(admitted).union(ready)
+            self._access(rec, [k for k in offer if k in recorded], ready, ctx)
         if not admitted:
             return PrepareStoreOutput([], [], [])
         self._allocation_sizes.append(len(admitted))
-        for key in admitted:
-            if key not in rec.missed:
-                rec.missed.add(key)
-                self._policy.on_store_miss(key)
         victims = self._choose_victims(len(admitted) - self._pool.free_count, offer)
         if victims is None:
             return None
         self._evict(victims)
         chunk_ids = self._pool.allocate(len(admitted))
+        position = _positions(ctx) if self._request_scoped else _no_position
+        req = rec if self._request_scoped else None
         for key, chunk in zip(admitted, chunk_ids):
-            self._policy.insert(key, Resident(chunk))
+            self._policy.insert(key, Resident(chunk), req, position(key))
+        rec.inserted.update(admitted)
         self._num_pending += len(admitted)
         return PrepareStoreOutput(admitted, chunk_ids, victims)
+
+    def _ready_in(self, offer: Sequence[bytes]) -> list[bytes]:
+        """The offer's keys that are resident and ready: reuses (spec R1)."""
+        return [k for k in offer if (e := self._policy.get(k)) is not None and e.ready]
 
     @staticmethod
     def _dedupe(keys: list[bytes]) -> list[bytes]:

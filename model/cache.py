@@ -1,51 +1,68 @@
-"""The reference model of the offloading manager (SPEC sections 2-5 and 9), in plain Python.
+"""The reference model of the offloading manager (spec sections 2-5 and 9), in plain Python.
 
-State (all plain values, read directly by the invariants):
+State (all plain values, read directly by the oracle and the machines):
 
 - ``resident``: key -> {"chunk": id, "ref": n}; ref -1 pending, 0 ready and idle, n > 0 pinned.
-- ``lru``: resident keys, least recent first (policy "lru"). ``t1``, ``t2``, ``b1``, ``b2``:
-  ARC's lists, least recent first, and ``p`` (a float) (policy "arc").
+- LRU: ``rank``: resident key -> (major, minor); the lowest rank is evicted first, ties by key.
+  ``counter`` hands out ranks. ``lru`` lists the keys lowest rank first.
+- ARC: ``t1``, ``t2``, ``b1``, ``b2`` (least recent first) and ``p`` (a float).
 - ``fresh``: never-used chunk ids, increasing; ``freed``: freed ids, a stack (last freed last).
-- ``tracker``: tuple of (key, count), least recent first; ``tracker_items()`` gives a list.
-- ``records``: (req, generation) -> {"counted", "skipped", "shown"}; ``shown`` holds the keys
-  the request has shown ARC as store misses. ``generation``: bumped by ``reset_cache``.
+- ``tracker``: tuple of (key, count), least recent first.
+- ``slots``: request -> its ``Record``, one per request, as a request context holds one record
+  per type (spec section 1): a record belongs to one manager and one generation, and a manager
+  that finds another's (or an older generation's) starts a new one. Two models that stand for
+  two managers over the same requests share one ``slots``.
 
-Choices where the SPEC is silent:
+Two recency semantics (spec section 4), chosen at construction:
+
+- ``recency="touch"``: insert and ``touch`` give fresh ranks (LRU); ARC's touch promotes,
+  store misses adapt in offer order, eviction compares |T1| with p.
+- ``recency="request"`` (spec R1-R7): each request's access record is shown to the policy at
+  first sight and committed at ``on_request_finished`` in the order of the keys' positions in
+  the request; store misses adapt last to first, a ghost hit moves the ghost to its recent end,
+  eviction compares |T1| with floor(p). ``touch`` stays available (a release may keep it).
+
+Choices where the spec is silent:
 
 - Below threshold 2 the tracker stays empty and stats carry no skip counter.
 - Keys must be ``bytes`` in every call, else ``ModelError`` naming the key, before any change.
-- Only offers are deduplicated. Elsewhere each occurrence counts, in order: ``prepare_load([k,
-  k])`` pins k twice, ``complete_load`` needs a ref count >= the occurrences of each key, and a
-  repeat in ``complete_store`` is no longer pending, so it is ignored. Loading a pinned key is
-  allowed (ref + 1).
-- Nothing admitted (empty offer, all resident, all skipped): ``([], [], [])``, no sample, no event.
-- ARC: every admitted key is marked shown, whether or not it was a ghost; adaptation runs in
-  offer order. A key in both B1 and B2 cannot happen (insert removes from both).
-- ``reset_cache`` emits no event and keeps queued events and unreported stats (skips, allocation
-  samples), as upstream does: an event replay starts over from the empty set at a reset, and
-  the events of an older generation drained after it describe a cache that is gone. Records of
-  older generations are simply never read again.
-- ``choice`` (section 9) is consulted only when the model's own answer is not ``None`` (whether an
-  offer fits does not depend on the policy). An illegal choice raises ``ModelError`` after the
-  offer was recorded (the run is a failure anyway). Adopted victims' chunks are freed in the
-  given order, then the adopted ids leave the free pool.
-- Events are never empty.
+- Only offers are deduplicated. ``prepare_load([k, k])`` pins k twice, ``complete_load`` needs a
+  ref count >= the occurrences of each key, and a repeat in ``complete_store`` is ignored.
+- Nothing admitted (empty offer, all resident, all skipped): ``([], [], [])``, no sample.
+- ``reset_cache`` emits no event and keeps queued events and unreported stats; events of an
+  older generation drained after a reset describe a cache that is gone.
+- ``choose`` (a foreign target's choice, spec section 9) is asked only when the offer fits; the
+  model applies what it returns and judges nothing: the oracle does.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvgate.model.admission import admission_step
+
+Position = Callable[[bytes], "int | None"]
+NO_POSITIONS: Position = lambda key: None  # noqa: E731 - a request that gave no positions
+POLICY = "chunk_level"  # on_new_request: offload only the chunks this request computes
+LOAD_SOURCE = "host"  # get_load_source: a hit comes from the CPU tier
 
 
 class ModelError(Exception):
-    """Protocol misuse or an illegal foreign choice."""
+    """Protocol misuse: the call breaks the manager's contract."""
 
 
-class AdmissionDiffers(ModelError):
-    """A foreign target stored other keys than the model admits."""
+class Record:
+    """What one request has done in one generation of one manager (spec A2, A5, R1)."""
 
-    def __init__(self, admitted):
-        super().__init__(f"the model admits {list(admitted)!r}")
-        self.admitted = list(admitted)
+    def __init__(self, owner: object, generation: int):
+        self.owner, self.generation = owner, generation
+        self.counted: frozenset = frozenset()  # keys counted toward the threshold
+        self.skipped: frozenset = frozenset()  # keys whose skip is in the metric
+        self.misses: set = set()  # admitted store misses shown to the policy
+        self.seen: dict = {}  # keys in first-sight order (request recency)
+        self.inserted: set = set()
+        self.reused: set = set()
+        self.committed = False
+        self.rank: int | None = None  # the request's LRU rank, taken when first needed
 
 
 def _check(keys) -> list:
@@ -56,20 +73,35 @@ def _check(keys) -> list:
     return keys
 
 
+def _group(key: bytes) -> int:
+    return int.from_bytes(key[-4:], "big")
+
+
+def _ordered(keys: list, position: Position) -> list:
+    """``keys`` sorted by position when every one has a position, else as they are."""
+    pos = [position(k) for k in keys]
+    return keys if None in pos else [k for _, k in sorted(zip(pos, keys), key=lambda x: x[0])]
+
+
 class Model:
     def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 1,
-                 max_tracker_size: int = 64000):
+                 max_tracker_size: int = 64000, recency: str = "touch",
+                 enable_events: bool = True, slots: dict | None = None):
         for name, value, low in (("num_chunks", num_chunks, 0), ("store_threshold", store_threshold, 0),
                                  ("max_tracker_size", max_tracker_size, 1)):
-            if not isinstance(value, int) or value < low:
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        if policy not in ("lru", "arc"):
-            raise ValueError(f"policy must be 'lru' or 'arc', got {policy!r}")
-        self.num_chunks, self.policy = num_chunks, policy
+        for name, value, allowed in (("policy", policy, ("lru", "arc")),
+                                     ("recency", recency, ("touch", "request"))):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        self.num_chunks, self.policy, self.recency = num_chunks, policy, recency
+        self.request = recency == "request"
         self.threshold, self.max_tracker_size = store_threshold, max_tracker_size
+        self.enable_events = enable_events
         self.tracker: tuple = ()
         self.generation = 0
-        self.records: dict = {}
+        self.slots = {} if slots is None else slots
         self.events: list = []
         self.skips, self.samples = 0, []
         self._empty()
@@ -77,23 +109,53 @@ class Model:
     def _empty(self) -> None:
         self.resident: dict = {}
         self.fresh, self.freed = list(range(self.num_chunks)), []
-        self.lru, self.t1, self.t2, self.b1, self.b2 = [], [], [], [], []
+        self.rank: dict = {}
+        self.counter = 0
+        self.t1, self.t2, self.b1, self.b2 = [], [], [], []
         self.p = 0.0
 
     # ---- inspection
+    @property
+    def lru(self) -> list:
+        return sorted(self.rank, key=lambda k: (self.rank[k], k))
+
     def tracker_items(self) -> list:
         return list(self.tracker)
 
     def policy_state(self) -> dict:
         """The policy's order as plain lists, least recent first (and ARC's p)."""
         if self.policy == "lru":
-            return {"lru": list(self.lru)}
+            return {"lru": self.lru}
         return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1),
                 "b2": list(self.b2), "p": self.p}
 
+    def record(self, req) -> Record:
+        """``req``'s record in this manager and generation (a new one replaces any other)."""
+        rec = self.slots.get(req)
+        if rec is None or rec.owner is not self or rec.generation != self.generation:
+            rec = self.slots[req] = Record(self, self.generation)
+        return rec
+
     def counted(self, req) -> set:
-        rec = self.records.get((req, self.generation))
-        return set(rec["counted"]) if rec else set()
+        rec = self.slots.get(req)
+        return set(rec.counted) if rec and rec.owner is self and \
+            rec.generation == self.generation else set()
+
+    # ---- interface answers that depend on nothing but the call (spec section 9)
+    def on_new_request(self, req) -> str:
+        self.record(req)
+        return POLICY
+
+    def get_load_source(self, key: bytes) -> str:
+        if self.lookup(key) != "HIT":
+            raise ModelError(f"get_load_source: key {key!r} is not a hit")
+        return LOAD_SOURCE
+
+    def config_info(self) -> list:
+        return [{}]
+
+    def has_pending_work(self) -> bool:
+        return False
 
     # ---- loads
     def lookup(self, key: bytes) -> str:
@@ -101,7 +163,7 @@ class Model:
         r = self.resident.get(key)
         return "MISS" if r is None else "HIT_PENDING" if r["ref"] < 0 else "HIT"
 
-    def prepare_load(self, keys) -> list[int]:
+    def prepare_load(self, keys, req=None, position: Position = NO_POSITIONS) -> list[int]:
         keys = _check(keys)
         for k in keys:
             if self.lookup(k) != "HIT":
@@ -109,6 +171,8 @@ class Model:
                 raise ModelError(f"prepare_load: key {k!r} is {state}")
         for k in keys:
             self.resident[k]["ref"] += 1
+        if self.request:  # R1: every loaded key is seen and reused
+            self._access(self.record(req), keys, keys, position)
         return [self.resident[k]["chunk"] for k in keys]
 
     def complete_load(self, keys) -> None:
@@ -119,13 +183,22 @@ class Model:
         for k in keys:
             self.resident[k]["ref"] -= 1
 
-    # ---- policy
+    # ---- recency
+    def _fresh_rank(self, k: bytes) -> None:
+        self.counter += 1
+        self.rank[k] = (self.counter, 0)
+
+    def _request_rank(self, rec: Record) -> int:
+        if rec.rank is None:
+            self.counter += 1
+            rec.rank = self.counter
+        return rec.rank
+
     def touch(self, keys) -> None:
         for k in reversed(_check(keys)):  # last to first: the first key ends most recent
             if self.policy == "lru":
                 if k in self.resident:
-                    self.lru.remove(k)
-                    self.lru.append(k)
+                    self._fresh_rank(k)
             elif k in self.t1 and self.resident[k]["ref"] >= 0:
                 self.t1.remove(k)
                 self.t2.append(k)
@@ -137,92 +210,139 @@ class Model:
                 self._adapt(k)
 
     def _adapt(self, k: bytes) -> None:
-        """ARC's ghost hit: grow p on a B1 key, shrink it on a B2 key."""
-        if k in self.b1:
-            self.p = min(float(self.num_chunks), self.p + max(1, len(self.b2) / len(self.b1)))
-        elif k in self.b2:
-            self.p = max(0.0, self.p - max(1, len(self.b1) / len(self.b2)))
+        """ARC's ghost hit: grow p on a B1 key, shrink it on a B2 key (R6: and the ghost moves
+        to its list's recent end)."""
+        for ghosts, other, sign in ((self.b1, self.b2, 1), (self.b2, self.b1, -1)):
+            if k in ghosts:
+                step = sign * max(1, len(other) / len(ghosts))
+                self.p = min(float(self.num_chunks), max(0.0, self.p + step))
+                if self.request:
+                    ghosts.remove(k)
+                    ghosts.append(k)
+                return
 
-    def _victim(self, ok: set) -> bytes:
+    def _access(self, rec: Record, keys: list, reused: list, position: Position) -> None:
+        """R1, R2: record what the request saw and reused; show new keys to the policy."""
+        new = [k for k in keys if k not in rec.seen]
+        if new and rec.committed:
+            raise ModelError(f"a finished request shows new key {new[0]!r}")
+        rec.seen.update(dict.fromkeys(new))
+        if new and self.policy == "lru":  # R4: first sight lifts a resident key's rank
+            rank = self._request_rank(rec)
+            for k in new:
+                pos = position(k)
+                if pos is not None and k in self.resident:
+                    self.rank[k] = max(self.rank[k], (rank, -pos))
+        rec.reused.update(k for k in reused if k not in rec.inserted)
+
+    def on_request_finished(self, req, position: Position = NO_POSITIONS) -> None:
+        """R3: commit the request's recency, once, if its record is this manager's now."""
+        rec = self.slots.get(req)
+        if not self.request or rec is None or rec.owner is not self or \
+                rec.generation != self.generation or rec.committed:
+            return
+        rec.committed = True
+        groups: dict = {}
+        for k in rec.seen:
+            groups.setdefault(_group(k), []).append(k)
+        order = _ordered([k for g in sorted(groups) for k in _ordered(groups[g], position)],
+                         position)
+        for k in reversed(order):  # tail first: the head ends most recent
+            if k not in self.resident:
+                continue
+            if self.policy == "lru":
+                self._fresh_rank(k)
+                continue
+            lst = self.t1 if k in self.t1 else self.t2
+            if k in rec.inserted and k not in rec.reused:  # R5: insertion only
+                lst.remove(k)
+                lst.append(k)
+            elif k in rec.reused:
+                lst.remove(k)
+                self.t2.append(k)
+
+    def _victims(self, need: int, ok: set) -> list:
         if self.policy == "lru":
-            lists = [self.lru]
-        else:
-            lists = [self.t1, self.t2] if len(self.t1) >= self.p else [self.t2, self.t1]
-        return next(k for lst in lists for k in lst if k in ok)
+            return sorted(ok, key=lambda k: (self.rank[k], k))[:need]
+        victims, t1 = [], len(self.t1)
+        limit = int(self.p) if self.request else self.p
+        for _ in range(need):
+            lists = [self.t1, self.t2] if t1 >= limit else [self.t2, self.t1]
+            k = next(k for lst in lists for k in lst if k in ok and k not in victims)
+            t1 -= k in self.t1
+            victims.append(k)
+        return victims
 
     def _drop(self, k: bytes, ghost: bool) -> None:
         """Remove a resident key and free its chunk; an ARC eviction leaves a ghost."""
         self.freed.append(self.resident.pop(k)["chunk"])
-        if self.policy == "lru":
-            self.lru.remove(k)
-        else:
+        self.rank.pop(k, None)
+        if self.policy == "arc":
             src, ghosts = (self.t1, self.b1) if k in self.t1 else (self.t2, self.b2)
             src.remove(k)
             if ghost:
                 ghosts.append(k)
 
     # ---- stores
-    def prepare_store(self, keys, req, choice=None, stored=None):
-        """``choice``/``stored``: a foreign target's (evicted, chunk ids) and stored keys."""
+    def prepare_store(self, keys, req, position: Position = NO_POSITIONS,
+                      choose: Callable | None = None):
+        """``choose(admitted, need, evictable, free_ids) -> (victims, ids)``: a foreign
+        target's choice, applied as given."""
         offer = tuple(dict.fromkeys(_check(keys)))
-        rec = self.records.setdefault((req, self.generation),
-                                      {"counted": frozenset(), "skipped": frozenset(), "shown": set()})
-        self.tracker, rec["counted"], rec["skipped"], admitted, skips = admission_step(
-            self.tracker, rec["counted"], rec["skipped"], offer, frozenset(self.resident),
+        rec = self.record(req)
+        self.tracker, rec.counted, rec.skipped, admitted, skips = admission_step(
+            self.tracker, rec.counted, rec.skipped, offer, frozenset(self.resident),
             self.threshold, self.max_tracker_size)
-        if stored is not None and list(stored) != list(admitted):
-            raise AdmissionDiffers(admitted)
         self.skips += skips
-        if admitted:
-            self.samples.append(len(admitted))
-        if self.policy == "arc":  # a store miss is shown once per request per generation
-            for k in admitted:
-                if k not in rec["shown"]:
-                    rec["shown"].add(k)
-                    self._adapt(k)
+        misses = [k for k in admitted if k not in rec.misses]  # shown once per request
+        rec.misses.update(misses)
+        if self.policy == "arc":
+            for k in (reversed(misses) if self.request else misses):
+                self._adapt(k)
+        if self.request:  # R1: before the allocation check, so a None keeps it
+            ready = [k for k in offer if self.resident.get(k, {"ref": -1})["ref"] >= 0]
+            self._access(rec, [k for k in offer if k in admitted or k in ready], ready,
+                         position)
+        if not admitted:
+            return [], [], []
+        self.samples.append(len(admitted))
         need = max(0, len(admitted) - len(self.fresh) - len(self.freed))
         ok = {k for k, r in self.resident.items() if r["ref"] == 0 and k not in offer}
         if len(ok) < need:
             return None  # A8: nothing below this line ran
-        if choice is not None:
-            victims, ids = self._legal(choice, need, ok, len(admitted))
+        if choose is not None:
+            free = set(self.fresh) | set(self.freed)
+            victims, ids = choose(list(admitted), need, ok, free)
             for k in victims:
                 self._drop(k, ghost=True)
             for i in ids:
                 (self.fresh if i in self.fresh else self.freed).remove(i)
         else:
-            victims = []
-            for _ in range(need):
-                victims.append(self._victim(ok))
-                self._drop(victims[-1], ghost=True)
+            victims = self._victims(need, ok)
+            for k in victims:
+                self._drop(k, ghost=True)
             ids = [self.fresh.pop(0) if self.fresh else self.freed.pop() for _ in admitted]
         del self.b1[:max(0, len(self.b1) - self.num_chunks)]
         del self.b2[:max(0, len(self.b2) - self.num_chunks)]
         if victims:
-            self.events.append((tuple(victims), True, False, self.generation))
+            self._event(tuple(victims), True, False)
         for k, i in zip(admitted, ids):
             self.resident[k] = {"chunk": i, "ref": -1}
             if self.policy == "lru":
-                self.lru.append(k)
+                pos = position(k) if self.request else None
+                if pos is None:
+                    self._fresh_rank(k)
+                else:
+                    self.rank[k] = (self._request_rank(rec), -pos)
             else:
                 self.t1.append(k)
                 for ghosts in (self.b1, self.b2):
                     if k in ghosts:
                         ghosts.remove(k)
+        rec.inserted.update(admitted)
         return list(admitted), ids, victims
 
-    def _legal(self, choice, need: int, ok: set, n: int) -> tuple[list, list]:
-        """Check a foreign target's (evicted_keys, chunk_ids) against SPEC section 9."""
-        victims, ids = list(choice[0]), list(choice[1])
-        if len(victims) != need or len(set(victims)) != need or not set(victims) <= ok:
-            raise ModelError(f"illegal eviction {victims!r}: need {need} distinct ready, idle keys "
-                             f"outside the offer, from {sorted(ok)!r}")
-        free = set(self.fresh) | set(self.freed) | {self.resident[k]["chunk"] for k in victims}
-        if len(ids) != n or len(set(ids)) != n or not set(ids) <= free:
-            raise ModelError(f"illegal chunk ids {ids!r}: need {n} distinct ids from {sorted(free)}")
-        return victims, ids
-
-    def complete_store(self, keys, success: bool = True) -> None:
+    def complete_store(self, keys, success: bool = True, req=None) -> None:
         done = []
         for k in _check(keys):
             if self.resident.get(k, {"ref": 0})["ref"] != -1:
@@ -233,26 +353,28 @@ class Model:
                 self._drop(k, ghost=False)
             done.append(k)
         if done:
-            self.events.append((tuple(done), not success, not success, self.generation))
+            self._event(tuple(done), not success, not success, None if not success else req)
+
+    def _event(self, keys: tuple, removed: bool, meta: bool, req=None) -> None:
+        if self.enable_events:
+            self.events.append((keys, removed, meta, self.generation, req))
 
     # ---- whole cache
     def reset_cache(self) -> None:
         self._empty()  # tracker counts survive (A7); new records start with the new generation
         self.generation += 1
 
-    def take_events(self, generations: bool = False) -> list:
-        """Drains the events; a metadata-only removal loses the keys resident again by now,
-        and is dropped when none is left (amended section 5). ``generations``: each event with
-        the generation it was made in, ``(event, generation)``: events queued before a reset
-        are drained after it, and describe a cache that is gone."""
+    def take_events(self) -> list:
+        """Drains the events as ``(keys, removed, metadata_only, generation, request)``; a
+        metadata-only removal loses the keys resident again by now, and is dropped when none is
+        left (spec section 5). ``request``: whose store completed (store events)."""
         events, self.events = self.events, []
         out = []
-        for keys, removed, meta, generation in events:
+        for keys, removed, meta, generation, req in events:
             if meta:
                 keys = tuple(k for k in keys if k not in self.resident)
             if keys:
-                out.append(((keys, removed, meta), generation) if generations
-                           else (keys, removed, meta))
+                out.append((keys, removed, meta, generation, req))
         return out
 
     def get_stats(self) -> dict:

@@ -1,51 +1,62 @@
-"""What every target is made of: the ``Target`` record, the native adapter, the one error.
+"""What every target is made of: the ``Target`` record, the adapter boundary, the one error.
 
-Adapters are the only place where a manager's answers are normalised. Every adapter answers in
-kvgate's own plain values (``impl/base.py``), which equal the reference model's: lookups as
-``LookupResult`` (a str enum: ``"MISS" | "HIT" | "HIT_PENDING"``), ``prepare_load`` as a list of
-chunk ids, ``prepare_store`` as ``None`` or ``PrepareStoreOutput(keys_to_store, chunk_ids,
-evicted_keys)`` of plain lists, events as ``OffloadingEvent(keys, removed, metadata_only)``
-tuples, stats as a metric-name dict.
+Adapters are the only place where a manager's answers are normalised, and the only way the
+oracle reaches a manager. Every adapter answers in kvgate's own plain values (``impl/base.py``),
+which equal the reference model's: lookups as ``LookupResult`` (a str enum), ``prepare_load`` as
+a list of chunk ids, ``prepare_store`` as ``None`` or ``PrepareStoreOutput(keys_to_store,
+chunk_ids, evicted_keys)`` of plain lists, events as ``Event`` tuples, stats as a metric-name
+dict (``None`` when the manager returned nothing), and the interface answers as plain strings
+and lists. ``raw`` holds the manager's own answer to the latest call, so that a caller that
+speaks the manager's interface (vLLM's scheduler) can be handed exactly what it answered.
 
-Capabilities: ``Target.missing`` (and the adapter's ``missing``) names the optional calls the
-manager lacks (``"touch"``); machines never draw a step that needs one, and the oracle does not
-call it on either side. ``Target.note`` is one line for the report (for vLLM: its version and
-what the adapter found missing).
+Inspection (what the oracle compares beyond the answers, for targets checked exactly):
+``tracker_items()``, ``policy_state()``, ``free_chunks()`` and ``resident(key)`` -> ``(chunk,
+ref)``; ``None`` where the adapter cannot see it.
+
+Capabilities: ``missing`` names the optional calls the manager lacks (machines never draw a
+step that needs one, and the oracle calls neither side); ``Target.recencies`` the recency
+semantics it can be built with (spec section 4); ``Target.note`` is one line for the report.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
-from kvgate.impl.base import LookupResult, OffloadingEvent, PrepareStoreOutput, ReqContext
+from kvgate.impl.base import LookupResult, ReqContext
 
 POLICIES = ("lru", "arc")
+RECENCIES = ("touch", "request")
 # The calls every manager must have, and the ones it may lack (vLLM 0.34.0 removed touch: its
-# policies learn recency from loads, stores and on_request_access).
+# policies learn recency per request).
 REQUIRED_CALLS = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
                   "reset_cache", "take_events", "get_stats")
-OPTIONAL_CALLS = ("touch",)
+OPTIONAL_CALLS = ("touch", "on_new_request", "on_request_finished", "get_load_source",
+                  "config_info", "has_pending_work")
+# Properties that need what an adapter of a foreign manager cannot see or fix (spec section 9).
+EXACT_ONLY = ("chunk ids equal the model's", "evicted keys equal the model's",
+              "policy order equals the model's", "pool accounting",
+              "bad input leaves state unchanged", "repeated keys in one offer")
+# Properties of kvgate's own interface (spec section 8) that vLLM's managers do not promise:
+# they assert on protocol misuse and do not deduplicate an offer.
+KVGATE_INTERFACE_ONLY = ("bad input leaves state unchanged", "repeated keys in one offer")
 
 
 class TargetError(Exception):
-    """A target that cannot be resolved, imported or built (the CLI exits 2)."""
+    """A target that cannot be resolved or imported, or lacks the interface (the CLI exits 2)."""
 
 
-class RequestHooks:
-    """The request-lifecycle calls, which a manager may leave out (they default to nothing)."""
+class Event(NamedTuple):
+    """One event as every adapter reports it. ``removal_expected`` and ``req`` (the context of
+    the request whose store it announces) are ``None`` where the manager's events lack them."""
 
-    manager: object
-
-    def on_new_request(self, ctx) -> None:
-        hook = getattr(self.manager, "on_new_request", None)
-        if hook:
-            hook(ctx)
-
-    def on_request_finished(self, ctx) -> None:
-        hook = getattr(self.manager, "on_request_finished", None)
-        if hook:
-            hook(ctx)
+    keys: tuple[bytes, ...]
+    removed: bool
+    metadata_only: bool = False
+    removal_expected: bool | None = None
+    req: Any = None
 
 
 def missing_calls(manager_or_class) -> frozenset[str]:
@@ -64,25 +75,31 @@ def check_interface(manager_or_class, interface: str) -> frozenset[str]:
     return missing_calls(manager_or_class)
 
 
-class CapabilityAdapter(RequestHooks):
-    """What every adapter does with the calls a manager may lack: names them in ``missing``
-    (the oracle and the scheduler never send them) and refuses a direct call in one line."""
+class Adapter:
+    """What every adapter shares: capabilities, the raw answer, and one refusal for a call the
+    manager lacks. Subclasses translate keys, contexts and answers."""
 
     INTERFACE = "the manager interface"
 
     def __init__(self, manager):
         self.missing = check_interface(manager, self.INTERFACE)
         self.manager = manager
+        self.raw: Any = None
 
     def _lacks(self, call: str) -> None:
         if call in self.missing:
             raise TargetError(f"{type(self.manager).__name__} has no {call}")
 
+    def _call(self, name: str, *args, **kwargs) -> Any:
+        self._lacks(name)
+        self.raw = getattr(self.manager, name)(*args, **kwargs)
+        return self.raw
 
-class NativeAdapter(CapabilityAdapter):
+
+class NativeAdapter(Adapter):
     """A manager that follows kvgate's own interface (impl/base.py)."""
 
-    def new_context(self, req_id: str):
+    def new_context(self, req_id: str) -> ReqContext:
         return ReqContext(req_id)
 
     @staticmethod
@@ -93,41 +110,58 @@ class NativeAdapter(CapabilityAdapter):
     def position(ctx, key: bytes) -> int | None:
         return ctx.get_offload_key_position(key)
 
+    def on_new_request(self, ctx) -> Any:
+        return self._call("on_new_request", ctx)
+
+    def on_request_finished(self, ctx) -> None:
+        self._call("on_request_finished", ctx)
+
     def lookup(self, key: bytes, ctx=None) -> LookupResult:
-        result = self.manager.lookup(key, ctx)
-        return LookupResult(getattr(result, "name", result))
+        result = self._call("lookup", key, ctx)
+        return LookupResult(str(getattr(result, "name", result)))
+
+    def get_load_source(self, key: bytes, ctx=None) -> str:
+        return str(self._call("get_load_source", key, ctx))
+
+    def config_info(self) -> list:
+        return [dict(m) for m in self._call("config_info")]
+
+    def has_pending_work(self) -> bool:
+        return self._call("has_pending_work")
 
     def prepare_load(self, keys, ctx=None) -> list[int]:
-        return [int(i) for i in self.manager.prepare_load(list(keys), ctx)]
+        return [int(i) for i in self._call("prepare_load", list(keys), ctx)]
 
     def complete_load(self, keys, ctx=None) -> None:
-        self.manager.complete_load(list(keys), ctx)
+        self._call("complete_load", list(keys), ctx)
 
     def touch(self, keys, ctx=None) -> None:
-        self._lacks("touch")
-        self.manager.touch(list(keys), ctx)
+        self._call("touch", list(keys), ctx)
 
     def prepare_store(self, keys, ctx):
-        out = self.manager.prepare_store(list(keys), ctx)
+        out = self._call("prepare_store", list(keys), ctx)
         if out is None:
             return None
-        return PrepareStoreOutput(list(out.keys_to_store), [int(i) for i in out.store_spec],
-                                  list(out.evicted_keys))
+        return (list(out.keys_to_store), [int(i) for i in out.store_spec],
+                list(out.evicted_keys))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
-        self.manager.complete_store(list(keys), ctx, success=success)
+        self._call("complete_store", list(keys), ctx, success=success)
 
     def reset_cache(self) -> None:
-        self.manager.reset_cache()
+        self._call("reset_cache")
 
-    def take_events(self) -> list[OffloadingEvent]:
-        return [OffloadingEvent(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
-                for e in self.manager.take_events()]
+    def take_events(self) -> list[Event]:
+        return [Event(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
+                for e in self._call("take_events")]
 
-    def get_stats(self) -> dict:
-        stats = self.manager.get_stats()
+    def get_stats(self) -> dict | None:
+        stats = self._call("get_stats")
+        if stats is None:
+            return None
         return stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
 
+    # --- inspection
     def tracker_items(self) -> list[tuple[bytes, int]] | None:
         tracker = getattr(self.manager, "tracker", None)
         return None if tracker is None else list(tracker.counts.items())
@@ -139,11 +173,29 @@ class NativeAdapter(CapabilityAdapter):
         fn = getattr(self.manager, "policy_state", None)
         return fn() if callable(fn) else None
 
-    def chunk_of(self, key: bytes) -> int | None:
-        return self.manager.chunk_of(key) if hasattr(self.manager, "chunk_of") else None
+    def resident(self, key: bytes) -> tuple[int, int] | None:
+        """``(chunk id, ref count)`` of a resident key, ``None`` for an absent one; raises
+        ``AttributeError`` when the manager has no inspection helpers."""
+        chunk = self.manager.chunk_of(key)
+        return None if chunk is None else (chunk, self.manager.ref_count(key))
+
+    def inspectable(self) -> bool:
+        return all(callable(getattr(self.manager, n, None)) for n in ("chunk_of", "ref_count"))
 
 
-Factory = Callable[..., object]  # (num_chunks, cache_policy, store_threshold, max_tracker_size)
+Factory = Callable[..., object]  # (num_chunks, cache_policy=, store_threshold=, ...)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration a machine builds a target and a model with."""
+
+    num_chunks: int
+    cache_policy: str = "lru"
+    store_threshold: int = 1
+    max_tracker_size: int = 64_000
+    enable_events: bool = True
+    recency: str = "touch"
 
 
 @dataclass(frozen=True)
@@ -154,21 +206,66 @@ class Target:
     factory: Factory
     policies: tuple[str, ...] = POLICIES
     foreign: bool = False  # eviction and chunk-id choices are checked for legality, then adopted
-    adapter: type = NativeAdapter
+    adapter: Callable[[Any], Any] = NativeAdapter
     missing: frozenset[str] = frozenset()  # optional calls the manager lacks ("touch")
     note: str = ""  # one line for the report: what was found (a version, what is missing)
+    recencies: tuple[str, ...] = ("touch",)  # recency semantics it is built with (spec s4)
+    takes_recency: bool = False  # the factory is told the recency (impl); else it is fixed
+    # kvgate's interface (spec section 8 applies: bad input is refused and changes nothing, a
+    # repeated key in one offer is one offer of it); vLLM's managers use assertions instead
+    kvgate_interface: bool = True
 
-    def make(self, num_chunks: int, cache_policy: str, store_threshold: int,
-             max_tracker_size: int):
+    def unchecked(self) -> list[str]:
+        """What the machines do not check for this target, each with why (for the report)."""
+        parts = []
+        if self.foreign:
+            parts.append(f"{', '.join(EXACT_ONLY)} (an adapter cannot see them)")
+        elif not self.kvgate_interface:
+            parts.append(f"{', '.join(KVGATE_INTERFACE_ONLY)} (not part of its interface)")
+        if self.missing:
+            parts.append(f"no {', '.join(sorted(self.missing))} steps (the target lacks them)")
+        return parts
+
+    def make(self, config: Config):
+        """An adapter over a manager built for ``config``; whatever the constructor raises
+        propagates (a machine turns it into a counterexample: spec section 9)."""
+        kwargs: dict[str, Any] = dict(cache_policy=config.cache_policy,
+                                      store_threshold=config.store_threshold,
+                                      max_tracker_size=config.max_tracker_size,
+                                      enable_events=config.enable_events)
+        if self.takes_recency:
+            kwargs["recency"] = config.recency
+        return self.adapter(self.factory(config.num_chunks, **kwargs))
+
+
+def takes_recency(factory: Factory) -> bool:
+    """Whether a kvgate-interface factory can be built under both recency semantics (it takes
+    a ``recency`` argument, as impl's manager does)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return "recency" in params
+
+
+def native_target(spec: str, factory: Factory, policies: tuple[str, ...] = POLICIES,
+                  foreign: bool = False, note: str = "") -> Target:
+    """A kvgate-interface target; a class is checked for the interface here (``TargetError``),
+    a factory by what it builds (``check_built``)."""
+    if isinstance(factory, type):
+        missing = check_interface(factory, Adapter.INTERFACE)
+    else:
         try:
-            manager = self.factory(num_chunks, cache_policy=cache_policy,
-                                   store_threshold=store_threshold,
-                                   max_tracker_size=max_tracker_size)
-        except TargetError:
-            raise
-        except Exception as exc:
-            raise TargetError(f"target {self.spec!r} could not be built: {exc}") from exc
-        return self.adapter(manager)
+            built = factory(4, cache_policy=policies[0], store_threshold=2, max_tracker_size=4)
+        except Exception:  # the machines report a constructor that raises (spec section 9)
+            missing = frozenset()
+        else:
+            missing = check_interface(built, Adapter.INTERFACE)
+    recencies = RECENCIES if takes_recency(factory) else ("touch",)
+    if missing and not note:
+        note = f"{spec}: lacks {', '.join(sorted(missing))} (never drawn)"
+    return Target(spec, factory, policies, foreign=foreign, missing=missing, note=note,
+                  recencies=recencies, takes_recency=recencies == RECENCIES)
 
 
 def import_attr(path: str):

@@ -9,7 +9,10 @@ worker too (``audit.worker``, which must carry data tags: ``gpu_tag`` and ``chun
 
 - **Cold admissions** (always). Who offered what is the one record of ``properties.offers``:
   per key, the distinct (request, generation) pairs that ever offered it; an admission of a key
-  that fewer than ``threshold`` of them had offered (this offer included) is cold. A reset
+  that fewer than ``threshold`` of them had offered (this offer included) is cold. Where the
+  audited manager is the oracle, the audit reads the oracle's record (``offers=oracle.offers``:
+  the oracle has recorded each offer by the time its answer reaches the audit); else it keeps
+  its own. A reset
   starts every request's offers over, as SPEC A7 starts its counting over; a request is its
   context object (a new context with a reused ``req_id`` is a new request).
 - **Data** (``data=True``). Every chunk a load reads holds its key's blocks when the load is
@@ -40,7 +43,7 @@ def driver_hooks(manager: Any) -> dict[str, Any]:
 
 class Audit:
     def __init__(self, manager: Any, worker: Any, threshold: int, blocks_per_chunk: int = 1,
-                 *, data: bool):
+                 *, data: bool, offers: Offers | None = None):
         if data and not all(callable(getattr(worker, n, None)) for n in ("gpu_tag", "chunk_tags")):
             raise TypeError(f"the data checks need a worker with data tags (gpu_tag, chunk_tags); "
                             f"{type(worker).__name__} has none")
@@ -51,8 +54,9 @@ class Audit:
         self.cold: list[tuple[int, bytes, int]] = []  # (step, key, distinct offerers), the first
         self.cold_admissions = 0
         self.data_errors: list[str] = []
+        self._records = offers is None  # else the oracle records every offer, and resets
+        self.offers = offers if offers is not None else Offers()
         self.handles = Handles()
-        self.offers = Offers()
         self._expected: dict[bytes, tuple] = {}  # key -> its blocks' tags
         self._stored: dict[bytes, int] = {}  # key -> chunk, store completed
         self._pending: dict[bytes, int] = {}  # key -> chunk, store in flight
@@ -93,7 +97,8 @@ class Audit:
     # --- what the facets report
     def _offered(self, keys: Sequence[bytes], ctx: Any) -> None:
         # The audit reads only ``ever``: which keys the tracker held is not its business.
-        self.offers.offered(keys, self.handles.of(ctx), tracked_before=set())
+        if self._records:
+            self.offers.offered(keys, self.handles.of(ctx), tracked_before=set())
 
     def _admitted(self, keys: Sequence[bytes], chunk_ids: Sequence[int],
                   evicted: Iterable[bytes]) -> None:
@@ -115,7 +120,8 @@ class Audit:
                 self._stored[key] = chunk
 
     def _reset(self) -> None:
-        self.offers.reset()
+        if self._records:
+            self.offers.reset()
         self._stored.clear()
         self._pending.clear()
 

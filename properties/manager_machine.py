@@ -1,41 +1,45 @@
 """The manager-vs-model state machine: any target and the model in lockstep, through the oracle.
 
 Each rule draws one step (an offer, a retry, a re-offer after preemption, a finish, a
-completion, a load, a reset, a read of the stats or the events, ...) and hands it to the
-oracle (``properties.oracle.LockstepManager``), which applies it to the target and to the model
-and compares every answer the model fixes; the invariant is the oracle's incremental check of
-what the step changed. Keys are letters (``'A'`` .. ``'F'``) and requests are named as
-Hypothesis names them (``requests_1``), so a shrunk counterexample reads like the story it
-tells. For a foreign target (SPEC section 9) the oracle checks each eviction and chunk-id choice
-for legality and adopts it; everything the admission rule fixes is compared exactly.
+completion, a load, a lookup, a reset, a read of the stats or the events, ...) and hands it to
+the oracle (``properties.oracle.LockstepManager``), which applies it to the target and to the
+model and compares every answer the model fixes; the invariant is the oracle's incremental
+check of what the step changed. Keys are letters (``'A'`` .. ``'D'`` in KV-cache group 0,
+``'E'`` and ``'F'`` in group 1) and requests are named as Hypothesis names them
+(``requests_1``), so a shrunk counterexample reads like the story it tells. For a foreign
+target (spec section 9) the oracle checks each eviction and chunk-id choice for legality and
+adopts it; everything the admission rule fixes is compared exactly.
 
-What an example can contain, beyond offers, retries and re-offers:
+The manager's whole contract, not one scheduler's habits (spec section 2):
 
-- **Contexts that come and go.** A finished request's context is dropped as soon as no store of
+- **Every configuration the target accepts**: 1 to 5 chunks, thresholds 0 to 4, trackers of 1
+  to 6 keys or a large one, both policies, both recency semantics where the target can be built
+  with either, events switched on or off. A constructor that raises on a configuration the
+  model accepts is a counterexample.
+- **Positions.** Each request gives its keys positions (``ReqContext``'s end tokens) in one of
+  several layouts: in the order it first offers or loads them (as a scheduler computes a
+  prefix), alphabetical (group 1 sharing group 0's positions), reversed, only some keys, or
+  none. Request-scoped recency (spec R1-R7) orders by them.
+- **Loads by requests**, with or without a preceding ``touch`` where the target has one;
+  lookups (and ``get_load_source`` for a hit), stats, events and the interface answers read at
+  any point; finishes and resets at any point.
+- **Contexts that come and go.** A finished request's context is dropped as soon as no job of
   it is in flight, and freed when the next request starts, right before its context is made,
-  so the new context takes the dead one's memory and ``id`` (``properties/contexts.py`` makes
-  this the same in every replay): a manager that keys its records by ``id(ctx)`` meets a
-  stranger's records.
+  so the new context takes the dead one's memory and ``id`` (``properties/contexts.py``): a
+  manager that keys its records by ``id(ctx)`` meets a stranger's records.
 - **Two manager instances** (when ``instances=2``): ``switch_manager`` moves every later step
-  to a new manager, and the live request contexts go with it, as a context outlives a manager
-  it was shown to (A7: records are tied to their manager). Never back: a context's scratch
-  store holds one record per type (SPEC section 1), so a manager that ties its record to
-  itself replaces the other manager's (impl and vLLM 0.34.0 both do), and offers that
-  alternate between two managers would count again by design of that store.
-- **Pressure.** 1 to 5 chunks, 6 keys, offers of 1 to 4 distinct keys, so one offer often needs
-  several victims; pinned and pending chunks; trackers of 1 to 6 keys.
-- **Reads at drawn points.** Stats and events are read by rules, not after every step, so
-  resets, offers and failed stores happen between two reads (unreported skips across a reset;
-  metadata-only removals that the drain filters).
-- **Swarm testing** (Groce et al., ISSTA 2012): each example switches off a drawn subset of the
-  optional rules, shrinking towards all enabled; rules are drawn with weights that favour
-  offers (``properties/rule_choice.py``: one draw per step among the valid rules).
-- **Targeted search**: at the end of each example ``hypothesis.target`` is told the most
-  victims one offer needed, the most chunks pinned at once and the tracker push-outs, so the
-  search spends its budget where pressure is.
+  to a new manager, and the live request contexts go with it (A7: records are tied to their
+  manager). Never back: a context's scratch store holds one record per type (spec section 1),
+  so a manager that ties its record to itself replaces the other's (impl and vLLM both do); the
+  two models share one table of records (``Model.slots``) to follow that.
+- **Pressure**: offers of 1 to 4 distinct keys need several victims; pinned and pending chunks.
+- **Swarm testing** (Groce et al., ISSTA 2012) and weighted rules
+  (``properties/rule_choice.py``), and ``hypothesis.target`` towards victims per offer, pinned
+  chunks and tracker push-outs.
 
-Draws are cheap: an offer is one integer into a table of every offer (``OFFERS``), printed as
-the keys it names.
+Coverage labels count decisions taken in a step (an eviction attempted while T1 had no idle
+victim, a key refused by a full tracker, a commit that moved a key), not states passed through.
+Draws are cheap: an offer is one integer into a table of every offer (``OFFERS``).
 """
 from __future__ import annotations
 
@@ -52,18 +56,28 @@ from hypothesis.stateful import (
 from kvgate.impl.base import make_key
 from kvgate.model.cache import Model
 
+from .adapters import Config, Target
 from .contexts import Contexts
 from .coverage import Recorded
-from .oracle import EXACT_ONLY, LockstepManager
+from .offers import Handles
+from .oracle import EXACT_ONLY, LockstepManager, build
 from .rule_choice import install as install_rule_choice
-from .targets import Target
 
 __all__ = ["EXACT_ONLY", "KEYS", "LABELS", "ManagerMachine", "OFFERS", "make_machine",
            "machine_name"]
 
 KEY_NAMES = "ABCDEF"
-KEYS = {name: make_key(name.encode()) for name in KEY_NAMES}
+GROUP_OF = {"A": 0, "B": 0, "C": 0, "D": 0, "E": 1, "F": 1}
+KEYS = {name: make_key(name.encode(), GROUP_OF[name]) for name in KEY_NAMES}
 REQ_IDS = ("r0", "r1", "r2")  # requests alive at any time, one per id
+TOKENS_PER_KEY = 16
+# How a request places its keys (end tokens), spec R3: "prefix" gives each key the next
+# position when the request first offers or loads it; the others are fixed at its start.
+LAYOUTS = ("prefix", "alphabetical", "reversed", "some", "none")
+FIXED = {"alphabetical": {"A": 1, "B": 2, "C": 3, "D": 4, "E": 1, "F": 2},
+         "reversed": {"A": 6, "B": 5, "C": 4, "D": 3, "E": 2, "F": 1},
+         "some": {"A": 2, "B": 1, "E": 3}, "none": {}}
+layouts = st.integers(0, len(LAYOUTS) - 1).map(lambda i: LAYOUTS[i])
 
 
 # How often an offer of n distinct keys is drawn, relative to one of 4 (about 8% offers of one
@@ -74,7 +88,7 @@ LENGTH_WEIGHTS = {1: 12, 2: 6, 3: 2, 4: 1}
 def _offers() -> tuple[tuple[str, ...], ...]:
     """Every offer of 1 to 4 distinct keys, shortest and earliest letters first (so shrinking
     goes there), each as often as ``LENGTH_WEIGHTS`` says; then offers that repeat a key (only
-    native targets receive those)."""
+    kvgate-interface targets receive those)."""
     distinct = [p for n in range(1, 5) for p in permutations(KEY_NAMES, n)]
     repeated = [p + (p[0],) for p in distinct if len(p) <= 3]
     return tuple([p for p in distinct for _ in range(LENGTH_WEIGHTS[len(p)])] + repeated)
@@ -91,9 +105,10 @@ BAD_CALLS = tuple((kind, list(good), bad)
                   for bad in KEY_NAMES for good in dict.fromkeys(o for o in OFFERS if len(o) <= 2)
                   if bad not in good)
 bad_calls = st.integers(0, len(BAD_CALLS) - 1).map(lambda i: BAD_CALLS[i])
-# Configurations the model refuses; an exact target must too, naming the parameter.
+# Configurations the model refuses; a kvgate-interface target must too, naming the parameter.
 BAD_CONFIGS = (("num_chunks", -1), ("num_chunks", "2"), ("store_threshold", -1),
                ("max_tracker_size", 0), ("cache_policy", "nope"))
+LARGE_TRACKER = 64_000
 
 
 def name_of(key: bytes) -> str:
@@ -111,15 +126,17 @@ LABELS = {
     "retry after None": lambda e: e["rule"] == "retry" and e.get("after_none", False),
     "re-offer after preemption": lambda e: e["rule"] == "preempt_and_resume",
     "offer across a reset": lambda e: e.get("across_reset", False),
-    "tracker full": lambda e: e.get("tracker_full", False),
+    "key refused by a full tracker": lambda e: e.get("refused_by_tracker", False),
     "tracker push-out": lambda e: e.get("pushed_out", False),
     "eviction": lambda e: e.get("victims", 0) >= 1,
     "multi-victim eviction": lambda e: e.get("victims", 0) >= 2,
     "offer refused (None)": lambda e: _offer_facts(e) and e.get("none", False),
     "failed store": lambda e: e["rule"] == "complete_store" and not e["success"],
     "stale completion dropped": lambda e: e.get("stale", False),
-    "load": lambda e: e["rule"] == "load",
+    "load after touch": lambda e: e["rule"] == "load" and e.get("touched", False),
+    "load without touch": lambda e: e["rule"] == "load" and not e.get("touched", False),
     "touch": lambda e: e["rule"] == "touch",
+    "lookup of a hit": lambda e: e["rule"] == "lookup" and e.get("hit", False),
     "repeated key in one offer": lambda e: e.get("repeated", False),
     "context dropped": lambda e: e.get("dropped", False),
     "context identity reused": lambda e: e.get("id_reused", False),
@@ -127,11 +144,29 @@ LABELS = {
     "stats read across a reset with unreported stats": lambda e: e.get("unreported", False),
     "metadata-only removal filtered at drain": lambda e: e.get("filtered", False),
     "skip of a key the request had admitted": lambda e: e.get("skip_after_admit", False),
-    "pinned T2 key while T1 has no idle victim": lambda e: e.get("t2_pinned", False),
+    "eviction needed while T1 has no idle victim and T2 a pinned key":
+        lambda e: e.get("t2_pinned", False),
     "bad input refused": lambda e: e["rule"] == "bad_input" and e.get("refused", False),
+    "configuration with events off": lambda e: e["rule"] == "configure"
+        and not e["enable_events"],
+    "configuration with a large tracker": lambda e: e["rule"] == "configure"
+        and e["max_tracker_size"] == LARGE_TRACKER,
+    # request-scoped recency (spec R1-R7)
+    "commit at finish moved a key": lambda e: e["rule"] == "finish" and e.get("moved", False),
+    "commit of keys in two groups": lambda e: e["rule"] == "finish" and e.get("groups", 0) > 1,
+    "commit of a request without positions": lambda e: e["rule"] == "finish"
+        and e.get("moved", False) and e.get("layout") == "none",
+    "first sight lifted a rank": lambda e: e.get("lifted", False),
+    "reuse promoted to T2 at finish": lambda e: e["rule"] == "finish" and e.get("promoted", False),
     "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"]),
 }
-NATIVE_ONLY = ("repeated key in one offer", "bad input refused")
+KVGATE_INTERFACE_ONLY = ("repeated key in one offer", "bad input refused")
+REQUEST_ONLY = ("commit at finish moved a key", "commit of keys in two groups",
+                "commit of a request without positions", "first sight lifted a rank",
+                "reuse promoted to T2 at finish")
+ARC_ONLY = ("eviction needed while T1 has no idle victim and T2 a pinned key",
+            "reuse promoted to T2 at finish")
+LRU_ONLY = ("first sight lifted a rank",)
 
 
 @dataclass(eq=False)
@@ -141,12 +176,14 @@ class Req:
     n: int
     req_id: str
     ctx: object
+    layout: str = "none"
     offered: list = field(default_factory=list)  # keys in first-offer order
+    placed: int = 0  # "prefix" layout: positions handed out so far
     last_offer: list | None = None
     last_failed: bool = False
     since: dict = field(default_factory=dict)  # instance -> generation of its first offer
     admitted: dict = field(default_factory=dict)  # (instance, generation) -> keys admitted
-    in_flight: int = 0  # stores in flight
+    in_flight: int = 0  # stores and loads in flight
     finished: bool = False
 
     def __repr__(self) -> str:
@@ -158,7 +195,7 @@ class Job:
     """An in-flight store or load on one manager instance, stale after its reset."""
 
     keys: list
-    req: Req | None
+    req: Req
     inst: int
     generation: int
     done: bool = False
@@ -169,13 +206,14 @@ class Job:
 
 class ManagerMachine(Recorded, RuleBasedStateMachine):
     TARGET: Target  # set by make_machine
+    POLICIES: tuple[str, ...]
     LABELS = LABELS
     # How the next rule is picked (properties/rule_choice.py): offers weigh most, and the
     # first rules are where shrinking goes.
     RULE_WEIGHTS = {"offer": 4, "retry": 2, "preempt_and_resume": 2, "complete_store": 2,
-                    "fail_store": 1, "flush_stores": 1, "read_stats": 1, "take_events": 1, "finish": 1,
-                    "reset": 1, "load": 1, "complete_load": 1, "touch": 1,
-                    "switch_manager": 1, "bad_input": 1}
+                    "fail_store": 1, "flush_stores": 1, "read_stats": 1, "take_events": 1,
+                    "finish": 2, "reset": 1, "load": 1, "complete_load": 1, "touch": 1,
+                    "lookup": 1, "switch_manager": 1, "bad_input": 1}
     SWARM_ALWAYS = ("offer",)
 
     requests = Bundle("requests")
@@ -191,67 +229,78 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     @classmethod
     def expected_labels(cls) -> tuple[str, ...]:
         target = cls.TARGET
-        skip = set(NATIVE_ONLY) if target.foreign else set()
+        skip = set(KVGATE_INTERFACE_ONLY) if target.foreign or not target.kvgate_interface \
+            else set()
         if "touch" in target.missing:
-            # Without touches the model's T2 gets no key: its ARC state is the model's own.
-            skip.update(("touch", "pinned T2 key while T1 has no idle victim"))
+            skip.update(("touch", "load after touch"))
+        if "request" not in target.recencies:
+            skip.update(REQUEST_ONLY)
         if "arc" not in cls.POLICIES:
-            skip.add("pinned T2 key while T1 has no idle victim")
+            skip.update(ARC_ONLY)
+        if "lru" not in cls.POLICIES:
+            skip.update(LRU_ONLY)
+        if target.foreign:  # its policy is its own: the model's order says nothing about it
+            skip.update(REQUEST_ONLY + ARC_ONLY)
         return tuple(label for label in LABELS if label not in skip)
 
     # --- set-up ---
 
-    def _configure(self, num_chunks, store_threshold, max_tracker_size, policy, instances):
-        self.config = dict(num_chunks=num_chunks, cache_policy=policy,
-                           store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+    def _configure(self, config: Config, instances: int, layouts: list[str]):
+        self.config = config
         self.foreign = self.TARGET.foreign
+        self.exact_interface = self.TARGET.kvgate_interface and not self.foreign
         self.can_touch = "touch" not in self.TARGET.missing
-        self.threshold = store_threshold
+        self.record("configure", **config.__dict__, instances=instances)
+        self.handles = Handles()
+        slots: dict = {}  # one record per request, whichever manager took it (Model.slots)
         for _ in range(instances):
-            target = self.TARGET.make(num_chunks, policy, store_threshold, max_tracker_size)
-            model = Model(num_chunks, policy, store_threshold, max_tracker_size)
-            self.oracles.append(LockstepManager(target, model, foreign=self.foreign,
-                                                log=self.history, key_name=name_of))
+            model = Model(config.num_chunks, config.cache_policy, config.store_threshold,
+                          config.max_tracker_size, config.recency, config.enable_events, slots)
+            adapter = build(self.TARGET, config, model)
+            self.oracles.append(LockstepManager(adapter, model, foreign=self.foreign,
+                                                log=self.history, key_name=name_of,
+                                                handles=self.handles))
         self.active = 0
         self.generations = [0] * instances
         self.steps = self.n_requests = 0
         self.live: list[Req] = []
         self.in_flight: list[Job] = []
-        self.loader = self.oracles[0].new_context("loader")
         self.dead_ids: set[int] = set()  # ids of dropped contexts
         self._dropped: list = []  # dropped contexts, freed when the next request starts
         self.contexts = Contexts(self.oracles[0].new_context)
         self.unreported_reset = [False] * instances
         self.max_victims = self.max_pinned = self.pushouts = 0
-        self.empty = None  # exact targets: a twin with no chunks, read with the stats
-        if not self.foreign:
-            self._check_construction(policy, store_threshold, max_tracker_size)
-        self.record("configure", **self.config, instances=instances)
+        self.empty = None  # kvgate-interface targets: a twin with no chunks, read with the stats
+        if self.exact_interface:
+            self._check_construction(config)
+        return multiple(*(self._new_request(req_id, layout)[0]
+                          for req_id, layout in zip(REQ_IDS, layouts)))
 
-    def _check_construction(self, policy, store_threshold, max_tracker_size):
-        """An exact target keeps the configuration it was given, can be built with no chunks
-        (its stats are read by ``read_stats``), and refuses a bad configuration (as the model
-        does) with an error that names it."""
+    def _check_construction(self, config: Config):
+        """A kvgate-interface target keeps the configuration it was given, can be built with
+        no chunks (its stats are read by ``read_stats``), and refuses a bad configuration (as
+        the model does) with an error that names it (spec section 8)."""
         t = self.oracles[0].target.manager
-        for attr, value in (("store_threshold", store_threshold), ("cache_policy", policy)):
-            got = getattr(t, attr, value)
-            assert got == value, f"target's {attr} is {got!r}, built with {value!r}"
-        self.empty = LockstepManager(
-            self.TARGET.make(0, policy, store_threshold, max_tracker_size),
-            Model(0, policy, store_threshold, max_tracker_size), key_name=name_of)
-        good = dict(num_chunks=1, cache_policy=policy, store_threshold=store_threshold,
-                    max_tracker_size=max_tracker_size)
+        for attr in ("store_threshold", "cache_policy"):
+            got, want = getattr(t, attr, getattr(config, attr)), getattr(config, attr)
+            assert got == want, f"target's {attr} is {got!r}, built with {want!r}"
+        empty = Config(0, config.cache_policy, config.store_threshold, config.max_tracker_size,
+                       config.enable_events, config.recency)
+        model = Model(0, config.cache_policy, config.store_threshold, config.max_tracker_size,
+                      config.recency, config.enable_events)
+        self.empty = LockstepManager(build(self.TARGET, empty, model), model, key_name=name_of)
+        good = dict(empty.__dict__, num_chunks=1)
         for name, value in BAD_CONFIGS:
-            config = {**good, name: value}
+            bad = Config(**{**good, name: value})
             try:
-                Model(config["num_chunks"], config["cache_policy"], config["store_threshold"],
-                      config["max_tracker_size"])
+                Model(bad.num_chunks, bad.cache_policy, bad.store_threshold,
+                      bad.max_tracker_size)
             except ValueError:
                 pass
             else:  # pragma: no cover - the table is wrong
                 raise AssertionError(f"the model accepts {name}={value!r}")
             try:
-                self.TARGET.make(*config.values())
+                self.TARGET.make(bad)
             except Exception as exc:
                 assert re.search(rf"\b{name}\b", str(exc)), \
                     f"{name}={value!r} refused with an error that does not name {name}: {exc}"
@@ -279,32 +328,46 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
                 hypothesis_target(float(self.max_pinned), label="pinned chunks")
                 hypothesis_target(float(self.pushouts), label="tracker push-outs")
 
-    # --- requests and offers ---
+    # --- requests and positions ---
 
-    def _new_request(self, req_id: str, replacing: Req | None = None) -> tuple[Req, bool]:
-        """A new request; ``replacing``: a finished one whose context is dropped (if no store
-        of it is in flight) right before the new context is made, so that the new context
-        takes its memory, the same way in every replay of the example."""
+    def _new_request(self, req_id: str, layout: str,
+                     replacing: Req | None = None) -> tuple[Req, bool]:
+        """A new request; ``replacing``: a finished one whose context is dropped (if no job of
+        it is in flight) right before the new context is made, so that the new context takes
+        its memory, the same way in every replay of the example."""
         if replacing is not None:
             self._drop_if_done(replacing)
         ctx = self.contexts.new(req_id, release=self._dropped)  # the dead ones go right before
         reused = id(ctx) in self.dead_ids
-        req = Req(self.n_requests, req_id, ctx)
+        req = Req(self.n_requests, req_id, ctx, layout)
         self.n_requests += 1
         self.live.append(req)
+        for name, slot in FIXED.get(layout, {}).items():
+            self.oracle.set_position(ctx, KEYS[name], slot * TOKENS_PER_KEY)
+        self.handles.name(ctx, repr(req))
         for oracle in self.oracles:
-            oracle.name(ctx, repr(req))
             oracle.on_new_request(ctx)
         return req, reused
+
+    def _place(self, req: Req, keys: list[bytes]) -> None:
+        """"prefix" layout: each key the request shows for the first time ends next."""
+        if req.layout != "prefix":
+            return
+        for key in keys:
+            if self.oracle.position(req.ctx, key) is None:
+                req.placed += 1
+                self.oracle.set_position(req.ctx, key, req.placed * TOKENS_PER_KEY)
+
+    # --- offers ---
 
     @rule(target=stores, req=requests, key_names=offer_keys)
     def offer(self, req, key_names):
         self._begin()
         keys = [KEYS[n] for n in key_names]
         repeated = len(set(keys)) < len(keys)
-        if self.foreign:  # upstream managers do not deduplicate; the scheduler never repeats
+        if not self.exact_interface:  # upstream managers do not deduplicate; schedulers never repeat
             keys = list(dict.fromkeys(keys))
-        return self._offer("offer", req, keys, repeated=repeated and not self.foreign)
+        return self._offer("offer", req, keys, repeated=repeated and self.exact_interface)
 
     @rule(target=stores, req=requests)
     def retry(self, req):
@@ -330,29 +393,35 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         facts["shared"] = len(req.since) > 1
         if facts["across_reset"]:
             req.since[inst] = gen
-        handle = oracle.handle(req.ctx)
-        rec = model.records.get((handle, model.generation))
-        skipped_before = rec["skipped"] if rec else frozenset()
+        self._place(req, keys)
+        rec = model.slots.get(oracle.handle(req.ctx))
+        mine = rec is not None and rec.owner is model and rec.generation == model.generation
+        skipped_before = rec.skipped if mine else frozenset()
         tracked_before = {k for k, _ in model.tracker}
-        if model.policy == "arc":
-            facts["t2_pinned"] = self._t2_pinned_t1_busy(model, keys)
+        full = model.threshold >= 2 and len(tracked_before) >= model.max_tracker_size
+        ranks = dict(model.rank)
+        t2_pinned = model.policy == "arc" and self._t2_pinned_t1_busy(model, keys)
         got = oracle.prepare_store(keys, req.ctx)
         for key in dict.fromkeys(keys):
             if key not in req.offered:
                 req.offered.append(key)
         req.last_offer, req.last_failed = keys, got is None
-        rec = model.records[(handle, model.generation)]
+        rec = model.slots[oracle.handle(req.ctx)]  # prepare_store made it this manager's
         admitted = req.admitted.setdefault((inst, gen), set())
-        newly_skipped = rec["skipped"] - skipped_before
-        pushed = tracked_before - {k for k, _ in model.tracker}
+        newly_skipped = rec.skipped - skipped_before
+        tracked = {k for k, _ in model.tracker}
+        pushed = tracked_before - tracked
         victims = 0 if got is None else len(got[2])
+        needed = got is None or victims > 0
         self.max_victims = max(self.max_victims, victims)
         self.pushouts += len(pushed)
         self.record(rule_name, req=repr(req), keys=[name_of(k) for k in keys], none=got is None,
                     victims=victims, pushed_out=bool(pushed),
-                    tracker_full=model.threshold >= 2
-                    and len(model.tracker) >= model.max_tracker_size,
-                    skip_after_admit=bool(newly_skipped & admitted), **facts)
+                    refused_by_tracker=full and any(k not in tracked for k in keys),
+                    skip_after_admit=bool(newly_skipped & admitted),
+                    lifted=any(k in ranks and ranks[k] < model.rank.get(k, ranks[k])
+                               for k in keys if got is None or k not in got[0]),
+                    t2_pinned=t2_pinned and needed, **facts)
         if got is None or not got[0]:
             return multiple()
         admitted.update(got[0])
@@ -368,25 +437,36 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         return any(r[k]["ref"] > 0 for k in model.t2) and not any(
             r[k]["ref"] == 0 and k not in keys for k in model.t1)
 
-    @rule(target=requests, req=consumes(requests))
-    def finish(self, req):
-        """The request ends and the next one starts at once, with the same ``req_id`` (a new
-        context is a new request, A3); its context is made right after the finished one's is
-        dropped (when no store of it is in flight), so it often takes the same memory."""
+    @rule(target=requests, req=consumes(requests), layout=layouts)
+    def finish(self, req, layout):
+        """The request ends (its recency is committed: spec R3) and the next one starts at
+        once, with the same ``req_id`` (a new context is a new request, A3) and its own
+        position layout; its context is made right after the finished one's is dropped (when
+        no job of it is in flight), so it often takes the same memory."""
         self._begin()
+        model = self.model
+        rec = model.slots.get(self.oracle.handle(req.ctx))
+        before = model.policy_state()
+        t1_before = set(model.t1)
         req.finished = True
         self.live.remove(req)
         for oracle in self.oracles:
             oracle.on_request_finished(req.ctx)
-        nxt, reused = self._new_request(req.req_id, replacing=req)
+        after = model.policy_state()
+        groups = len({GROUP_OF[name_of(k)] for k in rec.seen if k in model.resident}) \
+            if rec is not None and rec.owner is model else 0
+        facts = dict(moved=before != after, groups=groups, layout=req.layout,
+                     promoted=bool(t1_before & set(model.t2)))
+        nxt, reused = self._new_request(req.req_id, layout, replacing=req)
         dropped = req.ctx is None
-        self.record("finish", req=repr(req), next=repr(nxt), dropped=dropped, id_reused=reused)
+        self.record("finish", req=repr(req), next=repr(nxt), dropped=dropped, id_reused=reused,
+                    **facts)
         return nxt
 
     def _drop_if_done(self, req: Req) -> bool:
-        """Drop a finished request's context once no store of it is in flight. It is freed
-        when the next request starts, right before its context is made (reference counting
-        frees it there, the same way in every replay)."""
+        """Drop a finished request's context once no job of it is in flight. It is freed when
+        the next request starts, right before its context is made (reference counting frees
+        it there, the same way in every replay)."""
         if req.finished and req.in_flight == 0 and req.ctx is not None:
             self.dead_ids.add(id(req.ctx))
             self._dropped.append(req.ctx)
@@ -402,7 +482,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.active += 1
         self.record("switch_manager", active=self.active)
 
-    # --- store completions, loads, touches ---
+    # --- store completions, loads, touches, lookups ---
 
     def _stale(self, job) -> bool:
         return job.done or job.generation != self.generations[job.inst]
@@ -452,35 +532,53 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         return any(r["ref"] >= 0 for r in self.model.resident.values())
 
     @precondition(lambda self: self._ready())
-    @rule(target=loads, key_names=some_keys)
-    def load(self, key_names):
+    @rule(target=loads, req=requests, key_names=some_keys, touch_first=st.booleans())
+    def load(self, req, key_names, touch_first):
+        """``req`` loads the keys that hit, after a ``touch`` of them when drawn (and the
+        target has touch)."""
         self._begin()
         keys = [KEYS[n] for n in key_names if self.model.lookup(KEYS[n]) == "HIT"]
         if not keys:
             return multiple()
-        self.oracle.touch(keys, self.loader)  # as the scheduler does: hits are touched, then pinned
-        self.oracle.prepare_load(keys, self.loader)
+        self._place(req, keys)
+        touched = touch_first and self.can_touch
+        if touched:
+            self.oracle.touch(keys, req.ctx)
+        self.oracle.prepare_load(keys, req.ctx)
         pinned = sum(1 for r in self.model.resident.values() if r["ref"] > 0)
         self.max_pinned = max(self.max_pinned, pinned)
-        self.record("load", keys=[name_of(k) for k in keys])
-        return Job(keys, None, self.active, self.generations[self.active])
+        self.record("load", keys=[name_of(k) for k in keys], touched=touched)
+        req.in_flight += 1
+        return Job(keys, req, self.active, self.generations[self.active])
 
     @rule(job=consumes(loads))
     def complete_load(self, job):
         self._begin()
+        job.req.in_flight -= 1
         if self._stale(job):
             self.record("complete_load", stale=not job.done)
-            return
-        job.done = True
-        self.oracles[job.inst].complete_load(job.keys, self.loader)
-        self.record("complete_load")
+        else:
+            job.done = True
+            self.oracles[job.inst].complete_load(job.keys, job.req.ctx)
+            self.record("complete_load")
+        self._drop_if_done(job.req)
 
     @precondition(lambda self: self.can_touch and self.model.resident)
-    @rule(key_names=distinct_keys)
-    def touch(self, key_names):
+    @rule(req=requests, key_names=distinct_keys)
+    def touch(self, req, key_names):
         self._begin()
-        self.oracle.touch([KEYS[n] for n in key_names], self.loader)
+        self.oracle.touch([KEYS[n] for n in key_names], req.ctx)
         self.record("touch", keys=key_names)
+
+    @rule(req=requests, key_name=st.sampled_from(KEY_NAMES))
+    def lookup(self, req, key_name):
+        """A lookup at any point, and for a hit where it comes from (``get_load_source``)."""
+        self._begin()
+        key = KEYS[key_name]
+        hit = self.oracle.lookup(key, req.ctx) == "HIT"
+        if hit:
+            self.oracle.get_load_source(key, req.ctx)
+        self.record("lookup", hit=hit)
 
     @precondition(lambda self: self.model.resident)
     @rule()
@@ -499,9 +597,12 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
 
     @rule()
     def read_stats(self):
-        """``get_stats()`` at a drawn point: what happened since the last read."""
+        """``get_stats()`` at a drawn point (what happened since the last read), with the
+        answers that depend on nothing else: ``config_info`` and ``has_pending_work``."""
         self._begin()
         self.oracle.get_stats()
+        self.oracle.config_info()
+        self.oracle.has_pending_work()
         if self.empty is not None:
             self.empty.set_step(self.steps)
             self.empty.get_stats()
@@ -514,13 +615,13 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self._begin()
         model = self.model
         filtered = any(meta and any(k in model.resident for k in keys)
-                       for keys, _, meta, _ in model.events)
+                       for keys, _, meta, _, _ in model.events)
         self.oracle.take_events()
         self.record("take_events", filtered=filtered)
 
     # --- bad input: a clear error and no change ---
 
-    @precondition(lambda self: not self.foreign and self.model.resident)
+    @precondition(lambda self: self.exact_interface and self.model.resident)
     @rule(call=bad_calls)
     def bad_input(self, call):
         """A protocol error: the target must refuse it, name the key, and change nothing.
@@ -534,10 +635,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         if kind == "prepare_load" and model.lookup(key) != "HIT":
             keys = [KEYS[n] for n in good if model.lookup(KEYS[n]) == "HIT"] + [key]
             oracle.refuse("prepare_load", (keys,),
-                          lambda: target.prepare_load(keys, self.loader), key)
+                          lambda: target.prepare_load(keys, req.ctx), key)
         elif kind == "complete_load" and model.resident.get(key, {"ref": 0})["ref"] <= 0:
             oracle.refuse("complete_load", ([key],),
-                          lambda: target.complete_load([key], self.loader), key)
+                          lambda: target.complete_load([key], req.ctx), key)
         elif kind == "key type":
             keys = [KEYS[n] for n in good] + ["not-bytes"]
             oracle.refuse("prepare_store", (keys, req.ctx),
@@ -566,6 +667,7 @@ def machine_name(kind: str, spec: str) -> str:
 def make_machine(target: Target, policies: tuple[str, ...] | None = None):
     """A machine class checking ``target`` under the given policies (default: the target's)."""
     policies = tuple(policies or target.policies)
+    recencies = target.recencies
 
     class Machine(ManagerMachine):
         TARGET = target
@@ -573,13 +675,17 @@ def make_machine(target: Target, policies: tuple[str, ...] | None = None):
 
         @initialize(target=ManagerMachine.requests, num_chunks=st.integers(1, 5),
                     store_threshold=st.sampled_from([2, 1, 2, 1, 3, 0, 4]),
-                    max_tracker_size=st.integers(1, 6),
-                    policy=st.sampled_from(policies), instances=st.integers(1, 2))
-        def configure(self, num_chunks, store_threshold, max_tracker_size, policy, instances):
+                    max_tracker_size=st.sampled_from([1, 2, 3, 4, 5, 6, LARGE_TRACKER]),
+                    policy=st.sampled_from(policies), recency=st.sampled_from(recencies),
+                    enable_events=st.sampled_from([True, True, False]),
+                    instances=st.integers(1, 2), layouts=st.lists(layouts, min_size=3,
+                                                                  max_size=3))
+        def configure(self, num_chunks, store_threshold, max_tracker_size, policy, recency,
+                      enable_events, instances, layouts):
             """Build targets and models; three requests run from the start (each one that
             finishes is followed by the next), so offers can begin at step one."""
-            self._configure(num_chunks, store_threshold, max_tracker_size, policy, instances)
-            return multiple(*(self._new_request(req_id)[0] for req_id in REQ_IDS))
+            return self._configure(Config(num_chunks, policy, store_threshold, max_tracker_size,
+                                          enable_events, recency), instances, layouts)
 
     Machine.__name__ = Machine.__qualname__ = machine_name("ManagerMachine", target.spec)
     return Machine

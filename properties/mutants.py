@@ -11,7 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvgate.impl.manager import PENDING, OffloadingManager, RequestRecord
-from kvgate.impl.policies import ARCPolicy
+from kvgate.impl.policies import ARCPolicy, CachePolicy, RankedLRUPolicy, RequestARCPolicy
 from kvgate.impl.pool import ChunkPool
 from kvgate.impl.tracker import AdmissionTracker
 
@@ -215,7 +215,7 @@ class ArcAdaptsEveryRetry(OffloadingManager):
 
     def _record(self, ctx):
         rec = super()._record(ctx)
-        rec.missed.clear()
+        rec.misses.clear()
         return rec
 
 
@@ -290,9 +290,28 @@ class VictimChunksReleasedReversed(OffloadingManager):
         freed[len(freed) - n:] = freed[len(freed) - n:][::-1]
 
 
+def _with_policy_mixin(manager, mixin, only: type = ARCPolicy) -> None:
+    """Put ``mixin`` over the manager's own policy class (either recency semantics), where
+    that class is an ``only``."""
+    if isinstance(manager._policy, only):
+        cls = type(manager._policy)
+        manager._policy = type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {})(
+            manager.num_chunks)
+
+
+def _policy_variant(mixin, only: type, name: str, doc: str) -> type:
+    """A manager whose policy (of class ``only``) has ``mixin`` over it."""
+
+    def __init__(self, *args, **kwargs):
+        OffloadingManager.__init__(self, *args, **kwargs)
+        _with_policy_mixin(self, mixin, only)
+
+    return type(name, (OffloadingManager,), {"__init__": __init__, "__doc__": doc})
+
+
 class _FallbackIgnoresPins(ARCPolicy):
     def choose_victims(self, n, evictable):
-        busy_t1 = self.t1 and len(self.t1) >= self.p and not any(
+        busy_t1 = self.t1 and len(self.t1) >= self._t1_target() and not any(
             evictable(k, e) for k, e in self.t1.items())
         if not busy_t1:
             return super().choose_victims(n, evictable)
@@ -306,8 +325,7 @@ class ArcFallbackEvictsPinned(OffloadingManager):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if isinstance(self._policy, ARCPolicy):
-            self._policy = _FallbackIgnoresPins(self.num_chunks)
+        _with_policy_mixin(self, _FallbackIgnoresPins)
 
 
 class _FifoPool(ChunkPool):
@@ -397,8 +415,207 @@ class ArcGhostsUntrimmed(OffloadingManager):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        if isinstance(self._policy, ARCPolicy):
-            self._policy = _UntrimmedARC(self.num_chunks)
+        _with_policy_mixin(self, _UntrimmedARC)
+
+
+# --- request-scoped recency (spec R1-R7), vLLM 0.33.0's and 0.34.0's design ---
+
+class _CommitHeadFirst:
+    def commit(self, order, insertion_only, reused):
+        super().commit(list(reversed(order)), insertion_only, reused)
+
+
+CommitHeadFirst = _policy_variant(_CommitHeadFirst, CachePolicy, "CommitHeadFirst", """A
+finished request's keys are committed head first, so its head ends least recent and is evicted
+before its tail (R3).""")
+
+
+class CommitIgnoresPositions(OffloadingManager):
+    """A finished request's keys are committed in the order the request first showed them,
+    ignoring their positions in the request (R3)."""
+
+    @staticmethod
+    def _commit_order(rec, position):
+        return list(rec.seen)
+
+
+class CommitsStaleRecord(OffloadingManager):
+    """A request that finishes after a reset commits the accesses it made before it, which
+    belong to a cache that is gone (R3: a record of an older generation commits nothing)."""
+
+    def _committable(self, rec):
+        return rec.owner is self._token and not rec.committed
+
+
+class NoCommit(OffloadingManager):
+    """``on_request_finished`` commits nothing: a request's accesses never move its keys (R3)."""
+
+    def _committable(self, rec):
+        return False
+
+
+class _InsertIgnoresPosition:
+    def insert(self, key, entry, req=None, position=None):
+        super().insert(key, entry)
+
+
+InsertIgnoresPosition = _policy_variant(_InsertIgnoresPosition, RankedLRUPolicy,
+                                        "InsertIgnoresPosition", """LRU: a stored key is ranked
+newest, ignoring its position in the storing request, so a request's tail is not evicted
+before its head (R4).""")
+
+
+class _FirstSightLowersRank:
+    def first_sight(self, keys, req, position):
+        rank = self._request_rank(req)
+        for key in keys:
+            pos = position(key)
+            if pos is not None and key in self.entries:
+                self._set(key, (rank, -pos))
+
+
+FirstSightLowersRank = _policy_variant(_FirstSightLowersRank, RankedLRUPolicy,
+                                       "FirstSightLowersRank", """LRU: a request's first
+sight of a resident key sets its rank to the request's, also when the key's rank was newer, so
+an older request's access makes a recently used chunk look old (R4).""")
+
+
+class _NoFirstSight:
+    def first_sight(self, keys, req, position):
+        pass
+
+
+NoFirstSight = _policy_variant(_NoFirstSight, RankedLRUPolicy, "NoFirstSight", """LRU: the keys
+a request shows are not shown to the policy until it finishes, so a resident key it is using
+can be evicted as if nobody had touched it since its last commit (R2).""")
+
+
+class _ArcInsertPromotes:
+    def commit(self, order, insertion_only, reused):
+        super().commit(order, set(), set(reused) | set(insertion_only))
+
+
+ArcInsertPromotes = _policy_variant(_ArcInsertPromotes, ARCPolicy, "ArcInsertPromotes", """ARC:
+a key the finished request only stored counts as reused and moves to T2, although a store is
+not a second use (R5).""")
+
+
+class SelfRereadIsReuse(OffloadingManager):
+    """A request that loads (or offers again) a chunk it stored itself counts that as a reuse,
+    so under ARC its own store promotes the chunk to T2 at finish (R1)."""
+
+    @staticmethod
+    def _reuses(rec, keys):
+        return list(keys)
+
+
+class PendingOfferIsReuse(OffloadingManager):
+    """An offer's keys whose stores are still in flight are recorded as seen and reused, as if
+    they were ready (R1: only ready chunks are reuses)."""
+
+    def _ready_in(self, offer):
+        return [k for k in offer if self._policy.get(k) is not None]
+
+
+class _ArcGhostStays:
+    def _adapt(self, key):
+        ARCPolicy._adapt(self, key)
+
+
+ArcGhostStays = _policy_variant(_ArcGhostStays, RequestARCPolicy, "ArcGhostStays", """ARC under
+request-scoped recency: a ghost hit adapts p but leaves the ghost where it was, so ghosts are cut
+in the wrong order (R6).""")
+
+
+class _ArcMissesInOfferOrder:
+    def on_store_misses(self, keys):
+        ARCPolicy.on_store_misses(self, keys)
+
+
+ArcMissesInOfferOrder = _policy_variant(_ArcMissesInOfferOrder, RequestARCPolicy,
+                                        "ArcMissesInOfferOrder", """ARC under request-scoped
+recency: a request's new store misses adapt p first to last, so a B1 and a B2 hit in one offer
+clamp p differently (R6).""")
+
+
+class _ArcFractionalTarget:
+    def _t1_target(self):
+        return self.p
+
+
+ArcFractionalTarget = _policy_variant(_ArcFractionalTarget, RequestARCPolicy,
+                                      "ArcFractionalTarget", """ARC under request-scoped
+recency: |T1| is compared with p itself rather than floor(p), so a fractional p sends an
+eviction to the other list (R6). Not in ``MUTANTS``: a fractional p needs five ghosts of the
+machine's six keys and an eviction after them, further than a machine's steps reach;
+tests/test_manager.py breaks it by example.""")
+
+
+# --- metrics never silent, events, the interface answers, construction (spec s5, s9) ---
+
+class SkipMetricSilentAtZero(OffloadingManager):
+    """The skip metric is left out of ``get_stats()`` while it is 0, so a build that stops
+    counting skips looks the same as one with nothing to skip (spec section 5)."""
+
+    def get_stats(self):
+        stats = super().get_stats()
+        if not stats.stores_skipped:
+            stats.stores_skipped = None
+        return stats
+
+
+class StatsNoneWhenIdle(OffloadingManager):
+    """``get_stats()`` returns nothing when no offer reached allocation since the last read,
+    hiding the gauges and the skip counter (spec section 5)."""
+
+    def get_stats(self):
+        stats = super().get_stats()
+        return stats if stats.allocation_sizes else None
+
+
+class EventsWhenDisabled(OffloadingManager):
+    """Events are queued and drained even when the manager was built with
+    ``enable_events=False``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._events = []
+
+
+class RefusesLargeTracker(OffloadingManager):
+    """The constructor refuses a ``max_tracker_size`` above 1,000, a configuration the spec
+    allows (spec section 9: a constructor that raises on it is a counterexample)."""
+
+    def __init__(self, *args, max_tracker_size=64_000, **kwargs):
+        if max_tracker_size > 1000:
+            raise ValueError(f"max_tracker_size {max_tracker_size} is too large")
+        super().__init__(*args, max_tracker_size=max_tracker_size, **kwargs)
+
+
+class NewRequestAnswersNothing(OffloadingManager):
+    """``on_new_request`` returns nothing instead of the request's offloading policy."""
+
+    def on_new_request(self, ctx):
+        super().on_new_request(ctx)
+
+
+class LoadSourceDevice(OffloadingManager):
+    """``get_load_source`` says a CPU hit comes from the device (GPU) tier."""
+
+    def get_load_source(self, key, ctx=None):
+        super().get_load_source(key, ctx)
+        return "device"
+
+
+class PendingWorkWhileStoring(OffloadingManager):
+    """``has_pending_work`` answers ``True`` while stores are in flight, so an engine keeps
+    stepping for work the scheduler owns, not the manager."""
+
+    def has_pending_work(self):
+        return self._num_pending > 0
+
+
+REQUEST = ("request",)
 
 
 @dataclass(frozen=True)
@@ -406,15 +623,17 @@ class Mutant:
     cls: type
     policies: tuple[str, ...] = ("lru", "arc")
     admission: bool = False  # a variant of the counting / skip-metric / reset rule
+    recencies: tuple[str, ...] = ("touch", "request")  # where the bug shows (spec section 4)
 
     @property
     def doc(self) -> str:
         return " ".join((self.cls.__doc__ or "").split())
 
     def __call__(self, num_chunks, cache_policy="lru", store_threshold=1,
-                 max_tracker_size=64_000):
-        return self.cls(num_chunks, cache_policy=cache_policy,
-                        store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+                 max_tracker_size=64_000, enable_events=True, recency="touch"):
+        return self.cls(num_chunks, cache_policy=cache_policy, enable_events=enable_events,
+                        store_threshold=store_threshold, max_tracker_size=max_tracker_size,
+                        recency=recency)
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -450,4 +669,25 @@ MUTANTS: dict[str, Mutant] = {
     "victim_chunks_released_reversed": Mutant(VictimChunksReleasedReversed),
     "load_pins_before_checking": Mutant(LoadPinsBeforeChecking),
     "arc_ghosts_untrimmed": Mutant(ArcGhostsUntrimmed, policies=("arc",)),
+    # request-scoped recency (R1-R7)
+    "commit_head_first": Mutant(CommitHeadFirst, recencies=REQUEST),
+    "commit_ignores_positions": Mutant(CommitIgnoresPositions, recencies=REQUEST),
+    "commits_stale_record": Mutant(CommitsStaleRecord, recencies=REQUEST),
+    "no_commit": Mutant(NoCommit, recencies=REQUEST),
+    "insert_ignores_position": Mutant(InsertIgnoresPosition, ("lru",), recencies=REQUEST),
+    "first_sight_lowers_rank": Mutant(FirstSightLowersRank, ("lru",), recencies=REQUEST),
+    "no_first_sight": Mutant(NoFirstSight, ("lru",), recencies=REQUEST),
+    "arc_insert_promotes": Mutant(ArcInsertPromotes, ("arc",), recencies=REQUEST),
+    "self_reread_is_reuse": Mutant(SelfRereadIsReuse, ("arc",), recencies=REQUEST),
+    "pending_offer_is_reuse": Mutant(PendingOfferIsReuse, ("arc",), recencies=REQUEST),
+    "arc_ghost_stays": Mutant(ArcGhostStays, ("arc",), recencies=REQUEST),
+    "arc_misses_in_offer_order": Mutant(ArcMissesInOfferOrder, ("arc",), recencies=REQUEST),
+    # metrics, events, interface answers, construction
+    "skip_metric_silent_at_zero": Mutant(SkipMetricSilentAtZero),
+    "stats_none_when_idle": Mutant(StatsNoneWhenIdle),
+    "events_when_disabled": Mutant(EventsWhenDisabled),
+    "refuses_large_tracker": Mutant(RefusesLargeTracker),
+    "new_request_answers_nothing": Mutant(NewRequestAnswersNothing),
+    "load_source_device": Mutant(LoadSourceDevice),
+    "pending_work_while_storing": Mutant(PendingWorkWhileStoring),
 }

@@ -2,25 +2,33 @@
 answers are compared at once, through one set of rules. Every machine and the replay use it.
 
 ``LockstepManager(target, model)`` stands where a manager is expected (the manager machine's
-rules call it; the scheduler driver takes it as its manager). ``target`` is an adapter
-(``properties.targets``), which answers in kvgate's plain values; the model answers in the
-same values, so answers are compared as they are. The rules:
+rules call it; the scheduler drivers take it as their manager). ``target`` is an adapter
+(``properties.adapters``), the only way the oracle reaches a manager; it answers in kvgate's
+plain values, as the model does, so answers are compared as they are. The rules:
 
-- **exact** (a native target): every answer equals the model's: lookups, load chunk ids, the
-  admitted keys, their chunk ids and the evicted keys, events, stats; ``check_state()`` also
-  compares the tracker (keys, counts, recency), the policy's order and the pool.
-- **foreign** (SPEC section 9): the admitted keys and everything the admission rule fixes are
-  compared exactly; the target's eviction and chunk-id choices are checked for legality and
-  adopted by the model; what an adapter cannot see is skipped (``EXACT_ONLY`` names it).
+- **exact** (impl, ``MODULE:ATTR`` and vLLM releases: spec section 9): every answer equals
+  the model's: lookups, load chunk ids, the admitted keys, their chunk ids and the evicted keys
+  in order, events, every metric, the answers of ``on_new_request``, ``get_load_source``,
+  ``config_info`` and ``has_pending_work``; ``check_state()`` also compares each resident key's
+  chunk id and ref count, the tracker (keys, counts, recency), the policy's order and the pool,
+  as far as the adapter can inspect them.
+- **foreign** (``foreign=``, spec section 9): the admitted keys and everything the admission
+  rule fixes are compared exactly; the target's eviction and chunk-id choices are checked for
+  legality here and adopted by the model; what an adapter cannot see is skipped (``EXACT_ONLY``
+  names it).
+- **no silent metrics** (spec section 5): a ``get_stats()`` that returns nothing is a
+  divergence; an exact target reports the model's metrics at every read; a foreign one keeps
+  the set it reported first, and the skip metric whenever ``store_threshold >= 2``.
 - **independent of the model**, always: no tracked count exceeds the distinct (request,
-  generation) pairs that offered the key since it last entered the tracker, the tracker stays
-  within ``max_tracker_size``, and the events drained so far replay to the model's ready keys
-  (restarting at a reset; events of an older generation drained after it are not replayed).
+  generation) pairs that offered the key since it last entered the tracker
+  (``properties.offers``), the tracker stays within ``max_tracker_size``, and the events
+  drained so far replay to the model's ready keys (restarting at a reset).
 
 The first difference raises ``Divergence``, an ``AssertionError`` naming the step, the call
-number and the call, with the calls just before it. The model takes an opaque handle per
-request context: one int per context object, so a new context is a new request even when its
-``req_id`` is reused; the handle is released at ``on_request_finished``.
+number and the call, with the calls just before it (``properties.oracle_text`` writes them).
+The model takes an opaque handle per request context (``properties.offers.Handles``), so a new
+context is a new request even when its ``req_id`` is reused; keys' positions in a request
+reach the model through the adapter, read from the context the target was given.
 """
 from __future__ import annotations
 
@@ -30,13 +38,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvgate.impl.base import STORES_SKIPPED
-from kvgate.model.cache import AdmissionDiffers, Model, ModelError
+from kvgate.model.cache import NO_POSITIONS, Model, ModelError
 
-# Properties that need what an adapter of a foreign manager cannot see or fix.
-EXACT_ONLY = ("chunk ids equal the model's", "evicted keys equal the model's",
-              "policy order equals the model's", "pool accounting",
-              "bad input leaves state unchanged", "repeated keys in one offer")
+from .adapters import EXACT_ONLY, TargetError
+from .offers import Handles, Offers
+from .oracle_text import CallText, divergence_message, fmt_key
 
+__all__ = ["EXACT_ONLY", "Divergence", "LockstepManager", "build", "fmt_key"]
 
 class Divergence(AssertionError):
     """The target and the model answered one call differently, or an invariant broke."""
@@ -51,20 +59,6 @@ class Divergence(AssertionError):
         # when a call's answers differed)
 
 
-def fmt_key(key: Any) -> str:
-    """A short, readable name for a key: its hash as an int (8-byte hashes) or hex, and the
-    group when it is not 0."""
-    if not isinstance(key, bytes) or len(key) < 5:
-        return repr(key)
-    h, group = key[:-4], int.from_bytes(key[-4:], "big")
-    name = str(int.from_bytes(h, "big")) if len(h) == 8 and h[:4] == b"\0\0\0\0" else h.hex()[:10]
-    return f"k{name}" + (f"/g{group}" if group else "")
-
-
-class _Named(str):
-    """A context, remembered by its name."""
-
-
 def _close(x: Any, y: Any) -> bool:
     if isinstance(x, (list, tuple)) or isinstance(y, (list, tuple)):
         return isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and \
@@ -75,31 +69,47 @@ def _close(x: Any, y: Any) -> bool:
         return False
 
 
+def build(target: Any, config: Any, model: Model) -> Any:
+    """``target.make(config)``, where a constructor that raises on a configuration the model
+    accepts is a counterexample (spec section 9): a ``Divergence`` naming the configuration."""
+    try:
+        return target.make(config)
+    except TargetError:
+        raise
+    except Exception as exc:
+        raise Divergence(f"divergence at set-up: the target's constructor raised "
+                         f"{type(exc).__name__}: {exc}\n  for {config}, which the model "
+                         f"accepts ({model.num_chunks} chunks, {model.policy}, threshold "
+                         f"{model.threshold})", call="constructor") from exc
+
+
 class LockstepManager:
     """Forwards the manager protocol to ``target`` and ``model`` and compares every answer.
 
     ``foreign``: the target's evictions and chunk ids are checked for legality and adopted.
     ``key_name``: how keys are written in a divergence (the manager machine names them 'A'..).
     ``log``: a list that receives one entry per call (the history ``--history`` writes).
+    ``handles``: the request names, shared by the oracles of one machine.
     ``step`` is set by whoever drives (``set_step``) and appears in every divergence.
     """
 
     def __init__(self, target: Any, model: Model, *, foreign: bool = False, history: int = 12,
                  log: list[dict[str, Any]] | None = None,
-                 key_name: Callable[[Any], str] = fmt_key):
+                 key_name: Callable[[Any], str] = fmt_key, handles: Handles | None = None):
         self.target = target
         self.model = model
         self.foreign = foreign
+        self.missing = frozenset(target.missing)
+        self.handles = handles if handles is not None else Handles()
+        self.offers = Offers()
+        self.text = CallText(self.handles, key_name)
         self.key_name = key_name
-        self.missing = frozenset(getattr(target, "missing", ()))
+        self.inspect = not foreign and target.inspectable()
         self.step = 0
         self.calls = 0
         self.log = log
         self._recent: deque[tuple] = deque(maxlen=history)
-        self._handles: dict[int, tuple[Any, int, str]] = {}  # id(ctx) -> (ctx, handle, name)
-        self._next_handle = 0
-        self._generation = 0
-        self._offerers: dict[bytes, set[tuple[int, int]]] = {}  # since the key entered
+        self._metrics: frozenset[str] | None = None  # a foreign target's first-read metric set
         self._replayed: set[bytes] = set()  # ready keys, from the target's drained events
         self._dirty: set[bytes] = set()  # keys whose residency may have changed
         self._order_dirty = self._tracker_dirty = False
@@ -109,75 +119,62 @@ class LockstepManager:
         self.step = step
 
     def handle(self, ctx: Any) -> int:
-        entry = self._handles.get(id(ctx))
-        if entry is None or entry[0] is not ctx:
-            entry = (ctx, self._next_handle, "")
-            self._next_handle += 1
-            self._handles[id(ctx)] = entry
-        return entry[1]
+        return self.handles.of(ctx)
 
     def name(self, ctx: Any, text: str) -> None:
-        """How ``ctx`` is written in a divergence (the machine's bundle name)."""
-        self.handle(ctx)
-        ctx_, handle, _ = self._handles[id(ctx)]
-        self._handles[id(ctx)] = (ctx_, handle, text)
+        self.handles.name(ctx, text)
 
-    def _ctx_name(self, ctx: Any) -> str:
-        entry = self._handles.get(id(ctx))
-        return entry[2] if entry is not None and entry[0] is ctx and entry[2] else repr(ctx)
+    def new_context(self, req_id: str) -> Any:
+        """A request context of the target's own type (the model needs none)."""
+        return self.target.new_context(req_id)
 
-    def _keys(self, keys: Iterable[Any]) -> str:
-        return "[" + ", ".join(repr(self.key_name(k)) for k in keys) + "]"
+    def set_position(self, ctx: Any, key: bytes, position: int) -> None:
+        """Record where ``key`` ends in the request, on the context both sides read."""
+        self.target.set_position(ctx, key, position)
 
-    def _text(self, name: str, args: tuple) -> str:
-        parts = []
-        for a in args:
-            if isinstance(a, _Named):
-                parts.append(str(a))
-            elif isinstance(a, list):
-                parts.append(self._keys(a))
-            elif isinstance(a, bytes):
-                parts.append(repr(self.key_name(a)))
-            elif a is None or isinstance(a, (bool, int, str)):
-                parts.append(repr(a))
-            else:
-                parts.append(self._ctx_name(a))
-        return f"{name}({', '.join(parts)})"
+    def position(self, ctx: Any, key: bytes) -> int | None:
+        return self.target.position(ctx, key)
+
+    def _position(self, ctx: Any) -> Callable[[bytes], int | None]:
+        if ctx is None:
+            return NO_POSITIONS
+        return lambda key: self.target.position(ctx, key)
 
     def _call(self, name: str, *args: Any) -> int:
-        """Remember the call; a context by its name only, so that the oracle never keeps a
-        finished request's context alive."""
         self.calls += 1
-        if args and not isinstance(args[-1], (list, bytes, bool, int, str, type(None))):
-            args = args[:-1] + (_Named(self._ctx_name(args[-1])),)
-        self._recent.append((self.step, self.calls, name, args))
+        self._recent.append((self.step, self.calls, name, self.text.remembered(args)))
         return self.calls
 
     def _record(self, name: str, args: tuple, target: Any, model: Any) -> None:
         """One entry of the history: the call, its arguments as text, both answers."""
         if self.log is not None:
             self.log.append({"step": self.step, "call_no": self.calls, "call": name,
-                             "args": self._text("", args), "target": target, "model": model})
+                             "args": self.text.call("", args), "target": target,
+                             "model": model})
 
     def diverge(self, what: str, target: Any, model: Any, why: str = "") -> Divergence:
         """The ``Divergence`` for the latest call (``what``: its text, or a check's name)."""
         if self.log is not None:
-            self.log.append({"step": self.step, "call_no": self.calls,
-                             "call": what.partition("(")[0], "args": what, "target": target,
-                             "model": model, "why": why, "diverged": True})
-        recent = "\n".join(f"  step {s}, call {n}: {self._text(c, a)}"
-                           for s, n, c, a in list(self._recent)[:-1])
-        msg = (f"divergence at step {self.step}, call {self.calls}: {what}"
-               f"\n  target answered: {target}\n  model answered:  {model}"
-               + (f"\n  ({why})" if why else "")
-               + (f"\n calls before it:\n{recent}" if recent else ""))
+            entry = {"step": self.step, "call_no": self.calls, "call": what.partition("(")[0],
+                     "args": what, "target": target, "model": model, "why": why,
+                     "diverged": True}
+            last = self.log[-1] if self.log else None
+            if last is not None and last.get("call_no") == self.calls and \
+                    last.get("call") == entry["call"]:
+                last.update(why=why, diverged=True)  # the call's own entry says it diverged
+            else:
+                self.log.append(entry)
+        recent = [f"  step {s}, call {n}: {self.text.call(c, a)}"
+                  for s, n, c, a in list(self._recent)[:-1]]
         last = self._recent[-1] if self._recent else None
-        return Divergence(msg, self.step, self.calls, what,
-                          self._text(last[2], last[3]) if last else "")
+        return Divergence(divergence_message(self.step, self.calls, what, target, model, why,
+                                             recent), self.step, self.calls, what,
+                          self.text.call(last[2], last[3]) if last else "")
 
     def _both(self, name: str, args: tuple, target_fn: Callable[[], Any],
               model_fn: Callable[[], Any]) -> tuple[Any, Any]:
         """Run both sides; an exception on one side only is a divergence."""
+        self._call(name, *args)
         try:
             m, m_err = model_fn(), None
         except ModelError as e:
@@ -186,30 +183,57 @@ class LockstepManager:
             t = target_fn()
         except Exception as e:  # noqa: BLE001 - any target error is an answer to compare
             if m_err is None:
-                raise self.diverge(self._text(name, args), f"raised {type(e).__name__}: {e}",
-                                   repr(m)) from e
+                raise self.diverge(self.text.call(name, args),
+                                   f"raised {type(e).__name__}: {e}", repr(m)) from e
             raise
         if m_err is not None:
-            raise self.diverge(self._text(name, args), repr(t), f"raised ModelError: {m_err}")
+            raise self.diverge(self.text.call(name, args), repr(t),
+                               f"raised ModelError: {m_err}")
         return t, m
 
     def _expect(self, name: str, args: tuple, t: Any, m: Any, shown=None, why: str = "") -> None:
         if t != m:
             show = shown or (lambda x: x)
-            raise self.diverge(self._text(name, args), show(t), show(m), why)
+            raise self.diverge(self.text.call(name, args), show(t), show(m), why)
 
-    # --- the manager protocol
-    def on_new_request(self, ctx: Any) -> None:
-        self.handle(ctx)
-        self.target.on_new_request(ctx)
+    def _answer(self, name: str, args: tuple, target_fn, model_fn) -> Any:
+        """An optional interface call whose answer is compared (spec section 9); ``None`` and
+        no call on either side where the target lacks it."""
+        if name in self.missing:
+            return None
+        t, m = self._both(name, args, target_fn, model_fn)
+        self._expect(name, args, t, m, why=f"{name} answers differ")
+        return t
+
+    # --- the request lifecycle and the interface answers
+    def on_new_request(self, ctx: Any) -> Any:
+        req = self.handle(ctx)
+        return self._answer("on_new_request", (ctx,), lambda: self.target.on_new_request(ctx),
+                            lambda: self.model.on_new_request(req))
 
     def on_request_finished(self, ctx: Any) -> None:
-        self.target.on_request_finished(ctx)
-        self._handles.pop(id(ctx), None)  # no prepare call comes for it any more
+        if "on_request_finished" in self.missing:
+            return
+        req = self.handle(ctx)
+        self._both("on_request_finished", (ctx,), lambda: self.target.on_request_finished(ctx),
+                   lambda: self.model.on_request_finished(req, self._position(ctx)))
+        self._order_dirty = True
 
+    def get_load_source(self, key: bytes, ctx: Any = None) -> Any:
+        return self._answer("get_load_source", (key,),
+                            lambda: self.target.get_load_source(key, ctx),
+                            lambda: self.model.get_load_source(key))
+
+    def config_info(self) -> Any:
+        return self._answer("config_info", (), self.target.config_info, self.model.config_info)
+
+    def has_pending_work(self) -> Any:
+        return self._answer("has_pending_work", (), self.target.has_pending_work,
+                            self.model.has_pending_work)
+
+    # --- loads
     def lookup(self, key: bytes, ctx: Any = None) -> Any:
         args = (key,)
-        self._call("lookup", *args)
         t, m = self._both("lookup", args, lambda: self.target.lookup(key, ctx),
                           lambda: self.model.lookup(key))
         self._expect("lookup", args, t, m)
@@ -219,144 +243,153 @@ class LockstepManager:
         if "touch" in self.missing:
             return  # a target without touch: neither side gets the recency hint
         keys = list(keys)
-        self._call("touch", keys)
         self._both("touch", (keys,), lambda: self.target.touch(keys, ctx),
                    lambda: self.model.touch(keys))
         self._order_dirty = True
 
     def prepare_load(self, keys: Iterable[bytes], ctx: Any = None) -> Any:
         keys = list(keys)
-        self._call("prepare_load", keys)
-        t, m = self._both("prepare_load", (keys,),
-                          lambda: self.target.prepare_load(keys, ctx),
-                          lambda: self.model.prepare_load(keys))
+        req = None if ctx is None else self.handle(ctx)
+        t, m = self._both("prepare_load", (keys,), lambda: self.target.prepare_load(keys, ctx),
+                          lambda: self.model.prepare_load(keys, req, self._position(ctx)))
         self._record("prepare_load", (keys,), t, m)
         self._expect("prepare_load", (keys,), list(t), m, why="load chunk ids differ")
         self._dirty.update(keys)  # ref counts moved
+        self._order_dirty = True
         return t
 
     def complete_load(self, keys: Iterable[bytes], ctx: Any = None) -> None:
         keys = list(keys)
-        self._call("complete_load", keys)
         self._both("complete_load", (keys,), lambda: self.target.complete_load(keys, ctx),
                    lambda: self.model.complete_load(keys))
         self._dirty.update(keys)
 
+    # --- stores
     def prepare_store(self, keys: Iterable[bytes], ctx: Any) -> Any:
         keys = list(keys)
         args = (keys, ctx)
         req = self.handle(ctx)
+        what = self.text.call("prepare_store", args)
         self._call("prepare_store", keys, ctx)
         before = {k for k, _ in self.model.tracker}
         try:
             t = self.target.prepare_store(keys, ctx)
-        except Exception as e:  # noqa: BLE001
-            raise self.diverge(self._text("prepare_store", args),
-                               f"raised {type(e).__name__}: {e}", "(not asked)") from e
-        choice = stored = None
-        if self.foreign and t is not None:
-            choice, stored = (list(t[2]), list(t[1])), list(t[0])
-        try:
-            m = self.model.prepare_store(keys, req, choice=choice, stored=stored)
-        except AdmissionDiffers as e:  # the admission differs, not the choice
-            self._record("prepare_store", args, self._store(t, exact=False),
-                         self._store((e.admitted, [], []), exact=False))
-            raise self.diverge(self._text("prepare_store", args), self._store(t, exact=False),
-                               self._store((e.admitted, [], []), exact=False),
-                               "admitted keys differ") from e
-        except ModelError as e:
-            raise self.diverge(self._text("prepare_store", args), self._store(t),
-                               f"refuses the target's choice: {str(e)[:400]}") from e
+        except Exception as e:  # noqa: BLE001 - any target error is an answer to compare
+            raise self.diverge(what, f"raised {type(e).__name__}: {e}", "(not asked)") from e
+        choose = self._adopt(what, t) if self.foreign and t is not None else None
+        m = self.model.prepare_store(keys, req, self._position(ctx), choose)
         exact = not self.foreign
-        self._record("prepare_store", args, self._store(t, exact), self._store(m, exact))
+        self._record("prepare_store", args, self.text.store(t, exact), self.text.store(m, exact))
         if (t is None) != (m is None) or (t is not None and list(t[0]) != list(m[0])):
-            raise self.diverge(self._text("prepare_store", args), self._store(t, exact),
-                               self._store(m, exact), "admitted keys differ")
+            raise self.diverge(what, self.text.store(t, exact), self.text.store(m, exact),
+                               "admitted keys differ")
         if exact and t is not None and (list(t[1]) != list(m[1]) or list(t[2]) != list(m[2])):
-            raise self.diverge(self._text("prepare_store", args), self._store(t),
-                               self._store(m), "chunk ids or evictions differ")
-        self._offered(keys, req, before)
+            raise self.diverge(what, self.text.store(t), self.text.store(m),
+                               "chunk ids or evictions differ")
+        self.offers.offered(dict.fromkeys(keys), req, before)
+        self._tracker_dirty = self.model.threshold >= 2
         self._dirty.update(keys)
         if t is not None:
             self._dirty.update(t[2])
         self._order_dirty = True
         return t
 
-    def _store(self, out: Any, exact: bool = True) -> str:
-        if out is None:
-            return "None"
-        keys, ids, evicted = out
-        if not exact:
-            return f"store {self._keys(keys)}"
-        return f"store {self._keys(keys)} in chunks {list(ids)}, evict {self._keys(evicted)}"
+    def _adopt(self, what: str, out: Any) -> Callable:
+        """The model's ``choose`` for a foreign target: the admitted keys first, then the
+        target's eviction and chunk ids judged legal (spec section 9) and handed over."""
+        stored, ids, victims = list(out[0]), list(out[1]), list(out[2])
 
-    def _offered(self, keys: list[bytes], req: int, before: set[bytes]) -> None:
-        """Who offered each key since it last entered the tracker (amended A2's bound)."""
-        if self.model.threshold < 2:
-            return
-        who = (req, self._generation)
-        for k in keys:
-            offerers = self._offerers.get(k) if k in before else None
-            if offerers is None:  # it enters (or tries to) now: its offerers start over
-                self._offerers[k] = {who}
-            else:
-                offerers.add(who)
-        self._tracker_dirty = True
+        def choose(admitted: list, need: int, ok: set, free: set) -> tuple[list, list]:
+            if stored != admitted:
+                raise self.diverge(what, self.text.store(out, exact=False),
+                                   self.text.store((admitted, [], []), exact=False),
+                                   "admitted keys differ")
+            if len(victims) != need or len(set(victims)) != need or not set(victims) <= ok:
+                raise self.diverge(what, self.text.store(out), f"{need} distinct ready, idle "
+                                   f"keys outside the offer, from {self.text.keys(sorted(ok))}",
+                                   "illegal eviction")
+            usable = free | {self.model.resident[k]["chunk"] for k in victims}
+            if len(ids) != len(admitted) or len(set(ids)) != len(ids) or not set(ids) <= usable:
+                raise self.diverge(what, self.text.store(out), f"{len(admitted)} distinct ids "
+                                   f"from {sorted(usable)}", "illegal chunk ids")
+            return victims, ids
+
+        return choose
 
     def complete_store(self, keys: Iterable[bytes], ctx: Any = None, success: bool = True) -> None:
         keys = list(keys)
-        self._call("complete_store", keys, success)
+        req = None if ctx is None else self.handle(ctx)
         self._both("complete_store", (keys, success),
                    lambda: self.target.complete_store(keys, ctx, success=success),
-                   lambda: self.model.complete_store(keys, success=success))
+                   lambda: self.model.complete_store(keys, success=success, req=req))
         self._dirty.update(keys)
         self._order_dirty = True
 
+    # --- whole cache
     def reset_cache(self) -> None:
-        self._call("reset_cache")
         self._dirty.update(self.model.resident)
         self._both("reset_cache", (), self.target.reset_cache, self.model.reset_cache)
-        self._generation += 1
+        self.offers.reset()
         self._replayed.clear()  # a consumer's replay starts over at a reset
         self._order_dirty = True
 
     def take_events(self) -> list[Any]:
-        self._call("take_events")
-        t, dated = self._both("take_events", (), lambda: list(self.target.take_events()),
-                              lambda: self.model.take_events(generations=True))
-        m = [event for event, _ in dated]
-        if t or m:
-            self._record("take_events", (), self._events(t), self._events(m))
-        self._expect("take_events", (), [tuple(e) for e in t], m, shown=self._events)
+        t, dated = self._both("take_events", (), self.target.take_events,
+                              self.model.take_events)
+        if t or dated:
+            self._record("take_events", (), self.text.events(t), self.text.events(dated))
+        self._expect("take_events", (), [tuple(e)[:3] for e in t], [e[:3] for e in dated],
+                     shown=self.text.events)
+        self._event_details(t, dated)
         now = self.model.generation
-        for (keys, removed, _), (_, generation) in zip(t, dated):
+        for (keys, removed, *_), (_, _, _, generation, _) in zip(t, dated):
             if generation == now:  # older ones describe the cache before a reset
                 (self._replayed.difference_update if removed else self._replayed.update)(keys)
         ready = {k for k, r in self.model.resident.items() if r["ref"] >= 0}
-        if self._replayed != ready:
-            raise self.diverge("ready keys replayed from the events", self._keys(
-                sorted(self._replayed)), self._keys(sorted(ready)))
+        if self.model.enable_events and self._replayed != ready:
+            raise self.diverge("ready keys replayed from the events",
+                               self.text.keys(sorted(self._replayed)),
+                               self.text.keys(sorted(ready)))
         return t
 
-    def _events(self, events: Iterable[Any]) -> str:
-        parts = []
-        for keys, removed, meta in events:
-            parts.append(("removed" if removed else "stored") + ("(metadata)" if meta else "")
-                         + " " + self._keys(keys))
-        return "[" + "; ".join(parts) + "]"
+    def _event_details(self, got: list, want: list) -> None:
+        """Where the target's events name the storing request and whether the removal of the
+        stored keys is expected, those too (a store event names its request, expects it)."""
+        for event, (keys, removed, _, _, req) in zip(got, want):
+            expected = event.removal_expected
+            if expected is not None and expected != (not removed):
+                raise self.diverge("take_events()", f"removal_expected={expected} for "
+                                   f"{self.text.events([event])}",
+                                   f"removal_expected={not removed}", "event details differ")
+            if expected is not None or event.req is not None:
+                got_req = None if event.req is None else self.handle(event.req)
+                if got_req != (req if not removed else None):
+                    name = self.handles.name_of(event.req) if event.req is not None else None
+                    raise self.diverge("take_events()", f"request {name} for "
+                                       f"{self.text.events([event])}",
+                                       "the request whose store completed" if not removed
+                                       else "no request", "event details differ")
 
     def get_stats(self) -> dict[str, Any]:
-        self._call("get_stats")
         t, m = self._both("get_stats", (), self.target.get_stats, self.model.get_stats)
+        if t is None:
+            raise self.diverge("get_stats()", "nothing (None)", ", ".join(sorted(m)),
+                               "a get_stats() that returns nothing hides every metric")
         if m.get(STORES_SKIPPED) or m.get("vllm:kv_offload_cpu_allocation_size") or \
                 t.get(STORES_SKIPPED):
             self._record("get_stats", (), t, m)
+        lacking = set(m) - set(t)
+        if self.foreign:  # the set it reported first, and the skip metric from threshold 2
+            if self._metrics is None:
+                self._metrics = frozenset(t)
+            lacking = (self._metrics - set(t)) | ({STORES_SKIPPED} - set(t) if
+                                                  self.model.threshold >= 2 else set())
+        for name in sorted(lacking):
+            raise self.diverge("get_stats()", f"no {name}", f"{name}={m.get(name)}",
+                               f"{name} is missing: a metric is never optional by silence")
         for name, value in m.items():
-            got = t.get(name)
-            if got is None and self.foreign:
-                continue  # an adapter that cannot see this metric
-            if not _close(got, value):
-                raise self.diverge("get_stats()", f"{name}={got}", f"{name}={value}",
+            if name in t and not _close(t[name], value):
+                raise self.diverge("get_stats()", f"{name}={t[name]}", f"{name}={value}",
                                    f"{name} differs")
         for name in sorted(set(t) - set(m)):
             if t[name]:
@@ -366,21 +399,20 @@ class LockstepManager:
 
     # --- whole-state checks, incremental: what changed since the last check
     def check_state(self) -> None:
-        """Lookups of the keys whose residency may have changed; after an offer the tracker
-        (equal to the model's, bounded, no count above its offerers); for exact targets also
-        the policy's order (if it may have moved) and the pool."""
-        inspect = None if self.foreign else self._inspection()
+        """Lookups of the keys whose residency may have changed (and, inspecting, their chunk
+        id and ref count); after an offer the tracker (equal to the model's, bounded, no count
+        above its offerers); for exact targets the policy's order (if it may have moved) and
+        the pool."""
         for k in self._dirty:
             t, m = self.target.lookup(k, None), self.model.lookup(k)
             if t != m:
                 raise self.diverge(f"lookup({self.key_name(k)!r})", t, m)
-            if inspect is not None:  # exact targets: the chunk id and ref count it reports
+            if self.inspect:
                 entry = self.model.resident.get(k)
-                want = (None, None) if entry is None else (entry["chunk"], entry["ref"])
-                got = tuple(fn(k) for fn in inspect)
+                want = None if entry is None else (entry["chunk"], entry["ref"])
+                got = self.target.resident(k)
                 if got != want:
-                    raise self.diverge(f"(chunk_of, ref_count)({self.key_name(k)!r})", got,
-                                       want)
+                    raise self.diverge(f"(chunk, ref count) of {self.key_name(k)!r}", got, want)
         self._dirty.clear()
         if self._tracker_dirty:
             self._tracker_dirty = False
@@ -396,16 +428,8 @@ class LockstepManager:
         if order is not None:
             want = self.model.policy_state()
             if order != want:
-                show = lambda st: {k: v if k == "p" else [self.key_name(x) for x in v]  # noqa
-                                   for k, v in st.items()}
-                raise self.diverge("policy order (least recent first)", show(order), show(want))
-
-    def _inspection(self) -> tuple[Callable, Callable] | None:
-        """An exact target's ``chunk_of`` and ``ref_count`` (impl's inspection helpers), if it
-        has both."""
-        manager = getattr(self.target, "manager", None)
-        fns = (getattr(manager, "chunk_of", None), getattr(manager, "ref_count", None))
-        return fns if all(callable(fn) for fn in fns) else None
+                raise self.diverge("policy order (least recent first)", self.text.policy(order),
+                                   self.text.policy(want))
 
     def _check_tracker(self, got: list | None) -> None:
         want = self.model.tracker_items()
@@ -416,22 +440,21 @@ class LockstepManager:
             raise self.diverge("tracker size", len(got), self.model.max_tracker_size,
                                "the tracker holds more keys than max_tracker_size")
         for k, n in got:  # independent of the model: the offers this oracle saw
-            offerers = len(self._offerers.get(k, ()))
+            offerers = self.offers.since_entry(k)
             if n > offerers:
                 raise self.diverge(f"tracker count of {self.key_name(k)!r}", n,
                                    f"at most {offerers}", "a count exceeds the distinct "
                                    "requests that offered the key since it entered the tracker")
         if got != want:
-            show = lambda items: [(self.key_name(k), n) for k, n in items]  # noqa: E731
-            raise self.diverge("tracker (key, count), least recent first", show(got),
-                               show(want))
+            raise self.diverge("tracker (key, count), least recent first",
+                               self.text.tracker(got), self.text.tracker(want))
 
     # --- bad input: a clear error, and nothing changes
     def refuse(self, name: str, args: tuple, fn: Callable[[], Any], key: Any) -> None:
         """``fn`` (a call the model refuses) must raise an error that names ``key`` and leave
         the target's state as it was (exact targets only: an adapter cannot show it all)."""
         self._call(name, *args)
-        what = self._text(name, args)
+        what = self.text.call(name, args)
         keys = list(self.model.resident) + [k for k, _ in self.model.tracker]
         before = self._snapshot(keys)
         try:
@@ -450,7 +473,4 @@ class LockstepManager:
     def _snapshot(self, keys: list[bytes]) -> tuple:
         return ([self.target.lookup(k, None) for k in keys], self.target.tracker_items(),
                 self.target.policy_state(), self.target.free_chunks(),
-                [self.target.chunk_of(k) for k in keys])
-
-    def __getattr__(self, name: str) -> Any:  # new_context and inspection helpers
-        return getattr(self.target, name)
+                [self.target.resident(k) for k in keys])

@@ -39,7 +39,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvgate.impl.scheduler import Request, RequestState, Scheduler
 from kvgate.model.cache import Model
 
-from .adapters import Target
+from .adapters import Config, Target
 from .audit import Audit
 from .coverage import Recorded
 from .null_worker import NullWorker
@@ -72,6 +72,7 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     foreign: bool = False
     compare_state: bool = True
     policies: tuple[str, ...] = ("lru", "arc")
+    recencies: tuple[str, ...] = ("touch",)  # the target's recency semantics (spec section 4)
     LABELS = LABELS
     RULE_WEIGHTS = {"step": 3, "add_request": 2, "complete_copies": 2, "fail_copy": 1,
                     "preempt": 1, "resume": 1, "finish": 1, "reset": 1}
@@ -88,17 +89,20 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     @initialize(num_chunks=st.integers(1, 3), threshold=st.sampled_from([2, 2, 3, 1, 0]),
                 tracker=st.sampled_from([64_000, 2, 4]), policy_index=st.integers(0, 1),
                 blocks_per_chunk=st.sampled_from([1, 2]), delay=st.sampled_from([None, 1, 2]),
-                budget=st.sampled_from([None, 3]))
+                budget=st.sampled_from([None, 3]), recency_index=st.integers(0, 1))
     def setup(self, num_chunks, threshold, tracker, policy_index, blocks_per_chunk, delay,
-              budget):
+              budget, recency_index):
         policy = self.policies[policy_index % len(self.policies)]
-        target = self.TARGET.make(num_chunks, policy, threshold, tracker)  # an adapter
+        recency = self.recencies[recency_index % len(self.recencies)]
+        config = Config(num_chunks, policy, threshold, tracker, True, recency)
+        target = self.TARGET.make(config)  # an adapter
         self.threshold = threshold
-        self.model = Model(num_chunks, policy, threshold, tracker)
+        self.model = Model(num_chunks, policy, threshold, tracker, recency)
         self.oracle = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
         self.worker = self.worker_cls(delay=delay, blocks_per_chunk=blocks_per_chunk,
                                       track_data=True)
-        self.audit = Audit(self.oracle, self.worker, threshold, blocks_per_chunk, data=True)
+        self.audit = Audit(self.oracle, self.worker, threshold, blocks_per_chunk, data=True,
+                           offers=self.oracle.offers)
         self.sched = self.audit.driver(block_size=BLOCK_SIZE, blocks_per_chunk=blocks_per_chunk,
                                        num_gpu_blocks=GPU_BLOCKS, max_running=4,
                                        max_tokens_per_step=budget, on_step=self._on_step)
@@ -262,5 +266,5 @@ def make_machine(target: Target, *, compare_state: bool = True,
     name = machine_name("SchedulerMachine", target.spec)
     return type(name, (SchedulerMachineBase,),
                 {"TARGET": target, "foreign": target.foreign, "policies": tuple(target.policies),
-                 "compare_state": compare_state, "worker_cls": staticmethod(worker_cls),
-                 "__qualname__": name})
+                 "recencies": tuple(target.recencies), "compare_state": compare_state,
+                 "worker_cls": staticmethod(worker_cls), "__qualname__": name})

@@ -1,41 +1,38 @@
-"""Targets: what the gate checks, behind one small adapter interface.
+"""Targets: turn a target spec into a ``Target`` (``properties.adapters`` holds the records and
+the native adapter, ``properties.vllm_adapter`` the vLLM one).
 
-A target spec names a manager: ``impl`` (both policies), ``impl:lru``, ``impl:arc``,
+Specs: ``impl`` (both policies, both recency semantics), ``impl:lru``, ``impl:arc``,
 ``mutant:NAME`` (a catalogued known-bad variant), ``MODULE:ATTR`` (a class or factory that
-follows kvgate's interface, checked exactly like impl), ``foreign=MODULE:ATTR`` (the same, but
-its eviction and chunk-id choices are its own: checked for legality and adopted), ``vllm`` (the
-installed vLLM's ``CPUOffloadingManager``) and ``vllm=MODULE:ATTR`` (a class following vLLM's
-interface). vLLM targets are foreign.
-
-The records and the native adapter live in ``properties.adapters``; this module only turns
-a spec into a ``Target``.
+follows kvgate's interface, checked exactly like impl), ``vllm`` (the installed vLLM's
+``CPUOffloadingManager``, checked exactly) and ``vllm=MODULE:ATTR`` (a class following vLLM's
+interface, checked exactly). ``foreign=`` before ``MODULE:ATTR``, ``vllm`` or
+``vllm=MODULE:ATTR``: the manager's eviction and chunk-id choices are its own, checked for
+legality and adopted (spec section 9).
 """
 from __future__ import annotations
 
 from kvgate.impl.manager import OffloadingManager
 
-from .adapters import (POLICIES, NativeAdapter, RequestHooks, Target, TargetError,  # noqa: F401
-                       import_attr, missing_calls)
+from .adapters import POLICIES, RECENCIES, Target, TargetError, import_attr, native_target
 
 
 def resolve_target(spec: str) -> Target:
     """Turn a target spec into a ``Target``; raises ``TargetError`` with one line on failure."""
     if spec in ("impl", "impl:lru", "impl:arc"):
         policies = POLICIES if spec == "impl" else (spec.split(":")[1],)
-        return Target(spec, OffloadingManager, policies)
+        return Target(spec, OffloadingManager, policies, recencies=RECENCIES,
+                      takes_recency=True)
     if spec.startswith("mutant:"):
         from .mutants import MUTANTS
         name = spec.split(":", 1)[1]
         if name not in MUTANTS:
             raise TargetError(f"unknown mutant {name!r}; `kvgate list` names them")
-        return Target(spec, MUTANTS[name], MUTANTS[name].policies)
-    if spec == "vllm" or spec.startswith("vllm="):
-        from .vllm_adapter import resolve_vllm
-        return resolve_vllm(spec)
+        mutant = MUTANTS[name]
+        return Target(spec, mutant, mutant.policies, recencies=mutant.recencies,
+                      takes_recency=True)
     foreign = spec.startswith("foreign=")
-    path = spec.split("=", 1)[1] if foreign else spec
-    factory = import_attr(path)
-    missing = missing_calls(factory) if isinstance(factory, type) else frozenset()
-    return Target(spec, factory, POLICIES, foreign=foreign, missing=missing,
-                  note=f"{spec}: lacks {', '.join(sorted(missing))} (never drawn)" if missing
-                  else "")
+    rest = spec.split("=", 1)[1] if foreign else spec
+    if rest == "vllm" or rest.startswith("vllm="):
+        from .vllm_adapter import resolve_vllm
+        return resolve_vllm(rest, foreign=foreign)
+    return native_target(spec, import_attr(rest), foreign=foreign)

@@ -1,29 +1,32 @@
-"""Reaching a manager that follows vLLM's interface (SPEC section 10), for the ``vllm`` and
+"""Reaching a manager that follows vLLM's interface (spec section 10), for the ``vllm`` and
 ``vllm=MODULE:ATTR`` targets.
 
 ``vllm`` is the installed vLLM's ``CPUOffloadingManager``; ``vllm=MODULE:ATTR`` is any class
-with vLLM's interface (a patched manager under review, or a stand-in in tests). Both are foreign
-targets: their eviction and chunk-id choices are checked for legality and adopted (SPEC
-section 9), everything the admission rule fixes is compared exactly.
+with vLLM's interface (a patched manager under review, or a stand-in in tests). A vLLM release
+is **checked exactly** (spec section 9): its policies are documented, so the model predicts its
+evictions, chunk ids, policy order, events and every metric, and the answers of every interface
+call are compared. ``foreign=vllm...`` keeps the legality-and-adopt rule for a manager whose
+policy the spec does not describe.
 
-``VllmAdapter`` turns vLLM's answers into the plain values every adapter gives the machines
-(see ``properties.targets``): our keys are ``bytes`` (block hash + 4-byte big-endian group),
-vLLM's come from ``make_offload_key(block_hash, group_idx)``, and the adapter keeps the mapping
-back, so answers name our keys whatever type vLLM's keys are. Types are not imported by this
-module at load time: they come in a ``VllmTypes`` (from ``vllm.v1.kv_offload.base``, or from the
+By capability, never by version (spec section 10):
+
+- recency (spec section 4): a policy with the request-scoped hooks (``on_request_access``,
+  ``on_request_finished``) is request-scoped (0.33.0 and 0.34.0); one with only ``touch`` is
+  touch-based; ``touch`` on the manager is optional (0.34.0 removed it) and never drawn when
+  missing;
+- events: ``removal_expected`` and ``req_context`` are compared where the event type has them;
+- what the oracle inspects beyond the answers (the tracker, the policy's order, the pool and
+  each chunk's ref count) is read from the attributes named in ``INTERNALS``, the only place
+  where the adapter reaches past vLLM's public interface; a manager without them is still
+  checked on every answer, and the report names what it could not inspect.
+
+``VllmAdapter`` turns vLLM's answers into the plain values of ``properties.adapters``: our keys
+are ``bytes`` (block hash + 4-byte big-endian group), vLLM's come from
+``make_offload_key(block_hash, group_idx)``, and the adapter maps them back, whatever type
+vLLM's keys are. Types come in a ``VllmTypes`` (from ``vllm.v1.kv_offload.base``, or from the
 module that defines the target class when it defines its own ``ReqContext`` and
-``make_offload_key``), so the adapter can be tested without vLLM.
-
-The adapter goes by capability, never by version (SPEC section 10): ``touch`` is optional (0.34.0
-removed it; such a target's ``missing`` names it, machines never draw a touch and the report says
-so), events may carry ``metadata_only``, ``removal_expected`` and ``req_context`` or not (only
-keys, ``removed`` and ``metadata_only`` are read), ``ReqContext`` may have extra fields and
-properties. Other tolerated differences: the constructor's size argument (``num_chunks`` or
-``num_blocks``), ``ReqContext``'s extra fields, events without ``metadata_only`` (taken as
-``False``), ``store_spec`` as an object with ``block_ids`` or a plain sequence, and stats whose
-histogram reduces to a summary (samples are read from the unreduced ``metric_sections()``
-where the stats object has it, else the metric is left out: the machine skips a metric a
-foreign adapter cannot see).
+``make_offload_key``), so the adapter can be tested without vLLM. Stats: ``reduce()`` may
+summarise the histogram, so its samples are read from the unreduced ``metric_sections()``.
 """
 from __future__ import annotations
 
@@ -35,15 +38,15 @@ from functools import partial
 from typing import Any
 
 from kvgate.impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
-                              WRITE_USAGE, LookupResult, OffloadingEvent, PrepareStoreOutput)
+                              WRITE_USAGE, LookupResult, key_group)
 
-from .adapters import (POLICIES, CapabilityAdapter, Target, TargetError, check_interface,
+from .adapters import (POLICIES, Adapter, Event, Target, TargetError, check_interface,
                        import_attr)
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
 VLLM_TYPES = "vllm.v1.kv_offload.base"
-# What SPEC section 10 lists next to the CPU build of torch; the wheel itself goes in with
+# What spec section 10 lists next to the CPU build of torch; the wheel itself goes in with
 # --no-deps so that its CUDA dependency set stays out.
 VLLM_CPU_PACKAGES = ("packaging psutil pyzmq urllib3 regex numpy transformers cbor2 aiohttp "
                      "requests openai-harmony openai pillow pybase64 cachetools msgspec "
@@ -51,6 +54,18 @@ VLLM_CPU_PACKAGES = ("packaging psutil pyzmq urllib3 regex numpy transformers cb
                      "partial_json_parser llguidance")
 INSTALL_HINT = ("install it next to the CPU build of torch: pip install --no-deps "
                 "vllm==<version> && pip install " + VLLM_CPU_PACKAGES)
+
+# The attributes past vLLM's public interface that the adapter reads, all of them, for what the
+# oracle inspects where vLLM has no public answer. Everything else goes through public calls.
+INTERNALS = {
+    "policy": "_policy",  # the manager's CachePolicy (its get(key) gives ref_cnt, chunk_id)
+    "lru_ranks": "_ranks",  # request-scoped LRU: key -> rank
+    "arc_target": "target_t1_size",  # ARC's p; its lists are t1, t2, b1, b2
+    "free_list": "_free_list",  # freed chunk ids
+    "allocated": "_num_allocated_chunks",  # ids handed out so far (never-used ones are above)
+    "size": "_num_chunks",
+}
+REQUEST_HOOKS = ("on_request_access", "on_request_finished")
 
 
 def installed_vllm_version() -> str | None:
@@ -60,16 +75,6 @@ def installed_vllm_version() -> str | None:
         return version("vllm")
     except (ImportError, PackageNotFoundError):
         return None
-
-
-def describe(spec: str, cls: Any, missing: frozenset[str]) -> str:
-    """One line for the report: which manager, which vLLM, what the adapter found missing."""
-    version = installed_vllm_version()
-    name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
-    parts = [f"{spec}: {name}", f"vLLM {version}" if version else "vLLM not installed"]
-    parts.append("lacks " + ", ".join(sorted(missing)) + " (never drawn)" if missing
-                 else "has every optional call")
-    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -102,11 +107,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def _name_of(result: Any) -> LookupResult:
-    """``LookupResult.HIT`` (any enum) or ``"hit"`` -> kvgate's ``LookupResult.HIT``."""
-    if isinstance(result, bool):
-        return LookupResult.HIT if result else LookupResult.MISS
-    return LookupResult(str(getattr(result, "name", result)).upper())
+def _plain(value: Any) -> Any:
+    """An enum member as its value (``CacheHitSource.HOST`` -> ``"host"``), else as it is."""
+    return getattr(value, "value", value)
 
 
 def _ids(spec: Any) -> list[int]:
@@ -116,7 +119,7 @@ def _ids(spec: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-class VllmAdapter(CapabilityAdapter):
+class VllmAdapter(Adapter):
     """A manager with vLLM's interface, answering in kvgate's plain values."""
 
     INTERFACE = "vLLM's manager interface"
@@ -161,8 +164,7 @@ class VllmAdapter(CapabilityAdapter):
         if theirs is None:
             if not isinstance(key, bytes) or len(key) < GROUP_BYTES:
                 return key  # not one of ours: let the manager answer it
-            theirs = self.types.make_offload_key(key[:-GROUP_BYTES],
-                                                 int.from_bytes(key[-GROUP_BYTES:], "big"))
+            theirs = self.types.make_offload_key(key[:-GROUP_BYTES], key_group(key))
             self._theirs[key] = theirs
             try:
                 self._ours[theirs] = key
@@ -184,42 +186,61 @@ class VllmAdapter(CapabilityAdapter):
 
     # --- the manager protocol ---
 
+    def on_new_request(self, ctx) -> Any:
+        answer = self._call("on_new_request", ctx)
+        return None if answer is None else _plain(getattr(answer, "policy", answer))
+
+    def on_request_finished(self, ctx) -> None:
+        self._call("on_request_finished", ctx)
+
     def lookup(self, key: bytes, ctx=None) -> LookupResult:
-        return _name_of(self.manager.lookup(self._key(key), ctx))
+        result = self._call("lookup", self._key(key), ctx)
+        return LookupResult(str(getattr(result, "name", result)).upper())
+
+    def get_load_source(self, key: bytes, ctx=None) -> str:
+        return str(_plain(self._call("get_load_source", self._key(key), ctx)))
+
+    def config_info(self) -> list:
+        return [dict(m) for m in self._call("config_info")]
+
+    def has_pending_work(self) -> bool:
+        return self._call("has_pending_work")
 
     def prepare_load(self, keys, ctx=None) -> list[int]:
-        return _ids(self.manager.prepare_load(self._keys(keys), ctx))
+        return _ids(self._call("prepare_load", self._keys(keys), ctx))
 
     def complete_load(self, keys, ctx=None) -> None:
-        self.manager.complete_load(self._keys(keys), ctx)
+        self._call("complete_load", self._keys(keys), ctx)
 
     def touch(self, keys, ctx=None) -> None:
-        self._lacks("touch")  # the oracle never asks; a direct caller gets one line
-        self.manager.touch(self._keys(keys), ctx)
+        self._call("touch", self._keys(keys), ctx)
 
     def prepare_store(self, keys, ctx):
-        out = self.manager.prepare_store(self._keys(keys), ctx)
+        out = self._call("prepare_store", self._keys(keys), ctx)
         if out is None:
             return None
-        return PrepareStoreOutput(self._backs(out.keys_to_store), _ids(out.store_spec),
-                                  self._backs(out.evicted_keys))
+        return (self._backs(out.keys_to_store), _ids(out.store_spec),
+                self._backs(out.evicted_keys))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
-        self.manager.complete_store(self._keys(keys), ctx, success=success)
+        self._call("complete_store", self._keys(keys), ctx, success=success)
 
     def reset_cache(self) -> None:
-        self.manager.reset_cache()
+        self._call("reset_cache")
 
-    def take_events(self) -> list[OffloadingEvent]:
+    def take_events(self) -> list[Event]:
         # vLLM's take_events() is a generator: nothing is drained until it is iterated.
-        return [OffloadingEvent(tuple(self._backs(e.keys)), bool(e.removed),
-                                bool(getattr(e, "metadata_only", False)))
-                for e in (self.manager.take_events() or ())]
+        events = list(self._call("take_events") or ())
+        self.raw = events
+        return [Event(tuple(self._backs(e.keys)), bool(e.removed),
+                      bool(getattr(e, "metadata_only", False)),
+                      getattr(e, "removal_expected", None), getattr(e, "req_context", None))
+                for e in events]
 
-    def get_stats(self) -> dict[str, Any]:
-        stats = self.manager.get_stats()
+    def get_stats(self) -> dict[str, Any] | None:
+        stats = self._call("get_stats")
         if stats is None:
-            return {}
+            return None
         if isinstance(stats, dict):
             raw = stats
         elif hasattr(stats, "reduce"):
@@ -227,7 +248,7 @@ class VllmAdapter(CapabilityAdapter):
         elif hasattr(stats, "as_dict"):
             raw = stats.as_dict()
         else:
-            return {}
+            return None
         raw = {_metric_name(name): value for name, value in dict(raw).items()}
         out: dict[str, Any] = {}
         for name in (STORES_SKIPPED, CACHE_USAGE, WRITE_USAGE, READ_USAGE):
@@ -242,7 +263,27 @@ class VllmAdapter(CapabilityAdapter):
             out[ALLOCATION_SIZE] = samples
         return out
 
-    # --- what the machine inspects ---
+    # --- what the oracle inspects (INTERNALS) ---
+
+    def _internal(self, owner: Any, name: str) -> Any:
+        return getattr(owner, INTERNALS[name], None)
+
+    @property
+    def _policy(self) -> Any:
+        return self._internal(self.manager, "policy")
+
+    def uninspectable(self) -> list[str]:
+        """What this manager does not let the adapter inspect (named in the report)."""
+        policy = self._policy
+        if policy is None:
+            return [f"the policy ({INTERNALS['policy']})"]
+        lacking = [INTERNALS[n] for n in ("free_list", "allocated", "size")
+                   if self._internal(self.manager, n) is None]
+        if self._internal(policy, "lru_ranks") is None and \
+                self._internal(policy, "arc_target") is None:
+            lacking.append(f"the policy's order ({INTERNALS['lru_ranks']} or "
+                           f"{INTERNALS['arc_target']})")
+        return lacking
 
     def tracker_items(self) -> list[tuple[Any, int]] | None:
         counts = getattr(self.manager, "counts", None)
@@ -250,11 +291,40 @@ class VllmAdapter(CapabilityAdapter):
             return None
         return [(self._back(k), int(c)) for k, c in counts.items()]
 
-    def free_chunks(self) -> None:
-        return None  # foreign: the pool is the target's own
+    def resident(self, key: bytes) -> tuple[int, int] | None:
+        chunk = self._policy.get(self._key(key))
+        return None if chunk is None else (int(chunk.chunk_id), int(chunk.ref_cnt))
 
-    def chunk_of(self, key: bytes) -> None:
-        return None
+    def inspectable(self) -> bool:
+        return not self.uninspectable()
+
+    def free_chunks(self) -> int | None:
+        parts = [self._internal(self.manager, n) for n in ("free_list", "allocated", "size")]
+        if None in parts:
+            return None
+        free_list, allocated, size = parts
+        return len(free_list) + size - allocated
+
+    def policy_state(self) -> dict | None:
+        policy = self._policy
+        ranks = self._internal(policy, "lru_ranks")
+        if ranks is not None:
+            return {"lru": [self._back(k) for k in sorted(ranks, key=lambda k: (ranks[k], k))]}
+        p = self._internal(policy, "arc_target")
+        if p is None:
+            return None
+        return {**{n: self._backs(getattr(policy, n)) for n in ("t1", "t2", "b1", "b2")},
+                "p": p}
+
+
+def recency_of(manager: Any) -> str | None:
+    """Which recency semantics a built manager's policy has (spec section 4), or None."""
+    policy = getattr(manager, INTERNALS["policy"], None)
+    if policy is not None and all(callable(getattr(policy, n, None)) for n in REQUEST_HOOKS):
+        return "request"
+    if callable(getattr(policy, "touch", None)) or callable(getattr(manager, "touch", None)):
+        return "touch"
+    return None
 
 
 def _metric_name(name: Any) -> str:
@@ -282,25 +352,14 @@ def _samples(value: Any) -> list[int] | None:
 
 def _raw_histogram(stats: Any, name: str) -> list[int] | None:
     """A histogram's samples from a stats object that keeps them unreduced: vLLM's
-    ``metric_sections()`` (types, then values: name -> {label values: samples}), or a dict
-    attribute keyed by metric name. ``[]`` when such a store exists but has no sample of
-    ``name``; ``None`` when the stats object keeps no samples at all."""
-    stores: list[dict] = []
+    ``metric_sections()`` (types, then values: name -> {label values: samples}). ``[]`` when
+    it exists but has no sample of ``name``; ``None`` when the stats object keeps none."""
     sections = getattr(stats, "metric_sections", None)
-    if callable(sections):
-        try:
-            stores += [s for s in sections() if isinstance(s, dict)]
-        except Exception:
-            pass
-    for attr in ("histograms", "data"):
-        store = getattr(stats, attr, None)
-        if isinstance(store, dict):
-            stores.append(store)
-            if isinstance(store.get("data"), dict):
-                stores.append(store["data"])
-    if not stores:
+    if not callable(sections):
         return None
-    for store in stores:
+    for store in sections():
+        if not isinstance(store, dict):
+            continue
         for key, value in store.items():
             if _metric_name(key) != name:
                 continue
@@ -312,12 +371,13 @@ def _raw_histogram(stats: Any, name: str) -> list[int] | None:
             samples = _samples(value)
             if samples is not None:
                 return samples
-    return [] if sections is not None else None
+    return []
 
 
 def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
-    """A factory ``(num_chunks, cache_policy, store_threshold, max_tracker_size)`` for a class
-    with vLLM's constructor, whichever name its size argument has."""
+    """A factory ``(num_chunks, cache_policy, store_threshold, max_tracker_size,
+    enable_events)`` for a class with vLLM's constructor, whichever name its size argument
+    has; ``TargetError`` when it takes none of the admission rule's arguments."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -326,40 +386,50 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     size = next((n for n in ("num_chunks", "num_blocks") if n in params), None)
     if size is None and takes_any:
         size = "num_chunks"
+    for name, why in (("store_threshold", "it predates the admission rule"),
+                      ("enable_events", "its events cannot be switched on and checked")):
+        if params and name not in params and not takes_any:
+            raise TargetError(f"target {spec!r} takes no {name}: {why}")
 
     def factory(num_chunks: int, cache_policy: str = "lru", store_threshold: int = 1,
-                max_tracker_size: int = 64_000):
-        kwargs: dict[str, Any] = {}
-        args: list[Any] = []
+                max_tracker_size: int = 64_000, enable_events: bool = True):
+        kwargs: dict[str, Any] = dict(cache_policy=cache_policy, enable_events=enable_events,
+                                      store_threshold=store_threshold,
+                                      max_tracker_size=max_tracker_size)
         if size is None:
-            args.append(num_chunks)
-        else:
-            kwargs[size] = num_chunks
-        wanted = dict(cache_policy=cache_policy, enable_events=True,
-                      store_threshold=store_threshold, max_tracker_size=max_tracker_size)
-        for name, value in wanted.items():
-            if name in params or takes_any:
-                kwargs[name] = value
-            elif name == "store_threshold" and store_threshold >= 2:
-                raise TargetError(f"target {spec!r} takes no store_threshold: it predates "
-                                  "the admission rule")
-            elif name == "enable_events":
-                raise TargetError(f"target {spec!r} takes no enable_events: its events "
-                                  "cannot be checked")
-        return cls(*args, **kwargs)
+            return cls(num_chunks, **kwargs)
+        return cls(**{size: num_chunks}, **kwargs)
 
     factory.__name__ = getattr(cls, "__name__", "factory")
     return factory
 
 
-def resolve_vllm(spec: str, types: VllmTypes | None = None) -> Target:
-    """``vllm`` or ``vllm=MODULE:ATTR`` -> a foreign ``Target``; ``TargetError`` (one line)
-    when vLLM or the class cannot be imported.
+def describe(spec: str, cls: Any, missing: frozenset[str], recency: str | None,
+             uninspectable: list[str]) -> str:
+    """One line for the report: which manager, which vLLM, how it is checked."""
+    version = installed_vllm_version()
+    name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
+    parts = [f"{spec}: {name}", f"vLLM {version}" if version else "vLLM not installed"]
+    if recency:
+        parts.append(f"{recency}-scoped recency" if recency == "request" else
+                     "touch-based recency")
+    parts.append("lacks " + ", ".join(sorted(missing)) + " (never drawn)" if missing
+                 else "has every optional call")
+    if uninspectable:
+        parts.append("cannot inspect " + ", ".join(uninspectable))
+    return "; ".join(parts)
+
+
+def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = False) -> Target:
+    """``vllm`` or ``vllm=MODULE:ATTR`` -> a ``Target`` (exact unless ``foreign``);
+    ``TargetError`` (one line) when vLLM or the class cannot be imported, or its recency
+    semantics cannot be told.
 
     Types: ``types`` if given; for ``vllm=MODULE:ATTR``, the module's own ``ReqContext`` and
     ``make_offload_key`` when it defines both (a self-contained manager, or a stand-in in
     tests), else the installed vLLM's.
     """
+    name = f"foreign={spec}" if foreign else spec
     if spec == "vllm":
         try:
             module = importlib.import_module(VLLM_MANAGER)
@@ -384,6 +454,22 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None) -> Target:
         raise TargetError(f"target {spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
     missing = (check_interface(cls, VllmAdapter.INTERFACE) if isinstance(cls, type)
                else frozenset())
-    return Target(spec, vllm_factory(cls, spec), POLICIES, foreign=True,
-                  adapter=VllmAdapter.with_types(types), missing=missing,
-                  note=describe(spec, cls, missing))
+    factory = vllm_factory(cls, name)
+    adapter = VllmAdapter.with_types(types)
+    try:  # capabilities that only a built manager shows
+        probe = adapter(factory(4, cache_policy=POLICIES[0], store_threshold=2,
+                                max_tracker_size=4))
+    except TargetError:
+        raise
+    except Exception as exc:  # a constructor that raises: the machines report it (spec s9)
+        recency, uninspectable = None, [f"anything (its constructor raised {_one_line(exc)})"]
+    else:
+        recency, uninspectable = recency_of(probe.manager), probe.uninspectable()
+        missing = probe.missing
+        if recency is None and not foreign:
+            raise TargetError(f"target {spec!r}: its policy has neither request-scoped hooks "
+                              f"({', '.join(REQUEST_HOOKS)}) nor touch, so its recency cannot "
+                              f"be modelled; check it as foreign={spec}")
+    return Target(name, factory, POLICIES, foreign=foreign, adapter=adapter, missing=missing,
+                  note=describe(name, cls, missing, recency, uninspectable),
+                  recencies=(recency,) if recency else ("touch",), kvgate_interface=False)

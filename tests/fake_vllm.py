@@ -1,19 +1,22 @@
 """A stand-in for vLLM's kv_offload interface, so the vLLM adapter is tested without vLLM.
 
-Written from SPEC section 10's description of the interface, not from vLLM's code. Its types
-have vLLM's shape: a ``ReqContext`` dataclass with ``req_id``, ``kv_transfer_params`` and a
-scratch store; ``make_offload_key(block_hash, group_idx)``, here returning a tuple rather than
-bytes so that the adapter's mapping back to our keys is exercised; a ``LookupResult`` enum;
-``PrepareStoreOutput`` with a ``store_spec`` whose ``block_ids`` is a numpy array; events with
-``removed`` and ``metadata_only``.
+Written from the spec's description of the interface (docs/spec.md, section 10), not from vLLM's
+code. Its types have vLLM's shape: a ``ReqContext`` dataclass with ``req_id``,
+``kv_transfer_params``, a scratch store and key positions; ``make_offload_key(block_hash,
+group_idx)``, here returning a tuple rather than bytes so that the adapter's mapping back to our
+keys is exercised; a ``LookupResult`` enum; ``PrepareStoreOutput`` with a ``store_spec`` whose
+``block_ids`` is a numpy array; events with ``removed``, ``metadata_only`` and, as 0.34.0's,
+``removal_expected`` and ``req_context``.
 
-``FakeManager`` is impl's manager dressed in those types: vLLM's constructor (``num_blocks``),
-``take_events()`` as a generator that drains nothing until iterated, ``get_stats()`` as an
-object whose ``reduce()`` gives metric name -> value (the histogram summarised, its samples
-kept in ``metric_sections()``), and the tracker as the ``counts``
-attribute (an ``OrderedDict``, or ``None`` below threshold 2). ``FakeEveryOfferCounts`` does the
-same for a known-bad manager, ``FakeManagerWithoutTouch`` lacks ``touch`` and its events carry
-the fields 0.34.0 added. ``NotAManager`` builds but has none of the interface.
+``FakeManager`` is impl's manager under request-scoped recency dressed in those types: vLLM's
+constructor (``num_blocks``), ``on_new_request`` answering an offloading context,
+``get_load_source`` an enum, ``take_events()`` as a generator that drains nothing until
+iterated, ``get_stats()`` as an object whose ``reduce()`` gives metric name -> value (the
+histogram summarised, its samples kept in ``metric_sections()``), the tracker as the ``counts``
+attribute (an ``OrderedDict``, or ``None`` below threshold 2), and the internals the adapter
+inspects under the names ``properties.vllm_adapter.INTERNALS`` gives. ``FakeEveryOfferCounts``
+does the same for a known-bad manager, ``FakeManagerWithoutTouch`` lacks ``touch``.
+``NotAManager`` builds but has none of the interface.
 
 The module defines ``ReqContext`` and ``make_offload_key``, so ``vllm=tests.fake_vllm:...``
 targets take their types from here (``properties.vllm_adapter.resolve_vllm``).
@@ -61,6 +64,35 @@ class ReqContext:
         return self._positions.get(key)
 
 
+class _Ours:
+    """What impl's manager is handed as the context: our keys' positions, the same state."""
+
+    def __init__(self, theirs: ReqContext):
+        self.theirs = theirs
+
+    def get_state(self, cls):
+        return self.theirs.get_state(cls)
+
+    def set_state(self, value) -> None:
+        self.theirs.set_state(value)
+
+    def get_offload_key_position(self, key: bytes):
+        return self.theirs.get_offload_key_position(_theirs(key))
+
+
+class OffloadPolicy(enum.Enum):
+    CHUNK_LEVEL = "chunk_level"
+
+
+@dataclass
+class RequestOffloadingContext:
+    policy: OffloadPolicy = OffloadPolicy.CHUNK_LEVEL
+
+
+class CacheHitSource(enum.Enum):
+    HOST = "host"
+
+
 class LookupResult(enum.Enum):
     MISS = enum.auto()
     HIT = enum.auto()
@@ -84,7 +116,7 @@ class OffloadingEvent:
     keys: list[OffloadKey]
     removed: bool
     metadata_only: bool = False
-    removal_expected: bool = False  # fields a newer release added, which the adapter ignores
+    removal_expected: bool = False  # fields 0.34.0 added: compared where present
     req_context: Any = None
 
 
@@ -121,6 +153,39 @@ def _theirs(key: bytes) -> OffloadKey:
     return OffloadKey(key[:-4], int.from_bytes(key[-4:], "big"))
 
 
+def _ctx(req_context):
+    return None if req_context is None else _Ours(req_context)
+
+
+class _Chunk(NamedTuple):
+    chunk_id: int
+    ref_cnt: int
+
+
+class _PolicyView:
+    """impl's policy under vLLM's names: ``get(key)`` -> chunk status, the LRU ranks or ARC's
+    lists, and the request-scoped hooks (which the adapter reads as the recency semantics)."""
+
+    def __init__(self, manager: OffloadingManager):
+        self._m = manager
+
+    def get(self, key):
+        entry = self._m._policy.get(_ours(key))
+        return None if entry is None else _Chunk(entry.chunk, entry.ref)
+
+    def __getattr__(self, name):
+        policy = self._m._policy
+        if name == "_ranks" and hasattr(policy, "ranks"):
+            return {_theirs(k): r for k, r in policy.ranks.items()}
+        if name == "target_t1_size" and hasattr(policy, "p"):
+            return policy.p
+        if name in ("t1", "t2", "b1", "b2") and hasattr(policy, name):
+            return [_theirs(k) for k in getattr(policy, name)]
+        if name in ("on_request_access", "on_request_finished"):
+            return lambda *args: None  # impl's manager calls its own hooks
+        raise AttributeError(name)
+
+
 class FakeManagerWithoutTouch:
     """impl's manager behind vLLM-shaped types, without ``touch`` (as vLLM 0.34.0 has it)."""
 
@@ -132,7 +197,10 @@ class FakeManagerWithoutTouch:
         self._m = self.manager_cls(num_blocks, cache_policy=cache_policy,
                                    enable_events=enable_events,
                                    store_threshold=store_threshold,
-                                   max_tracker_size=max_tracker_size)
+                                   max_tracker_size=max_tracker_size, recency="request")
+        self._num_chunks = num_blocks
+        self._policy = _PolicyView(self._m)
+        self._stored_by: dict[bytes, ReqContext] = {}
 
     @property
     def counts(self) -> OrderedDict | None:
@@ -141,23 +209,42 @@ class FakeManagerWithoutTouch:
             return None
         return OrderedDict((_theirs(k), c) for k, c in tracker.counts.items())
 
-    def on_new_request(self, req_context: ReqContext) -> None:
-        self._m.on_new_request(req_context)
+    @property
+    def _free_list(self) -> list[int]:
+        return list(self._m._pool._freed)
+
+    @property
+    def _num_allocated_chunks(self) -> int:
+        return self._m._pool._next_fresh
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._m.on_new_request(_ctx(req_context))
+        return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        self._m.on_request_finished(req_context)
+        self._m.on_request_finished(_ctx(req_context))
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        return LookupResult[self._m.lookup(_ours(key), req_context).name]
+        return LookupResult[self._m.lookup(_ours(key), _ctx(req_context)).name]
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext) -> CacheHitSource:
+        return CacheHitSource(self._m.get_load_source(_ours(key), _ctx(req_context)))
+
+    def config_info(self) -> list[dict]:
+        return self._m.config_info()
+
+    def has_pending_work(self) -> bool:
+        return self._m.has_pending_work()
 
     def prepare_load(self, keys, req_context: ReqContext) -> CPULoadStoreSpec:
-        return CPULoadStoreSpec(self._m.prepare_load([_ours(k) for k in keys], req_context))
+        return CPULoadStoreSpec(self._m.prepare_load([_ours(k) for k in keys],
+                                                     _ctx(req_context)))
 
     def complete_load(self, keys, req_context: ReqContext) -> None:
-        self._m.complete_load([_ours(k) for k in keys], req_context)
+        self._m.complete_load([_ours(k) for k in keys], _ctx(req_context))
 
     def prepare_store(self, keys, req_context: ReqContext) -> PrepareStoreOutput | None:
-        out = self._m.prepare_store([_ours(k) for k in keys], req_context)
+        out = self._m.prepare_store([_ours(k) for k in keys], _ctx(req_context))
         if out is None:
             return None
         return PrepareStoreOutput([_theirs(k) for k in out.keys_to_store],
@@ -165,15 +252,21 @@ class FakeManagerWithoutTouch:
                                   [_theirs(k) for k in out.evicted_keys])
 
     def complete_store(self, keys, req_context: ReqContext, success: bool = True) -> None:
-        self._m.complete_store([_ours(k) for k in keys], req_context, success=success)
+        ours = [_ours(k) for k in keys]
+        for key in ours:  # a store event names the request whose store completed
+            if self._m.lookup(key).name == "HIT_PENDING":
+                self._stored_by[key] = req_context
+        self._m.complete_store(ours, _ctx(req_context), success=success)
 
     def reset_cache(self) -> None:
         self._m.reset_cache()
 
     def take_events(self):
         for event in self._m.take_events():  # runs only once the generator is iterated
+            by = None if event.removed else self._stored_by.get(event.keys[0])
             yield OffloadingEvent([_theirs(k) for k in event.keys], event.removed,
-                                  event.metadata_only, removal_expected=not event.removed)
+                                  event.metadata_only, removal_expected=not event.removed,
+                                  req_context=by)
 
     def get_stats(self) -> Stats:
         return Stats(self._m.get_stats().as_dict())
@@ -183,7 +276,7 @@ class FakeManager(FakeManagerWithoutTouch):
     """impl's manager behind vLLM-shaped types (the interface an upstream manager has)."""
 
     def touch(self, keys, req_context: ReqContext) -> None:
-        self._m.touch([_ours(k) for k in keys], req_context)
+        self._m.touch([_ours(k) for k in keys], _ctx(req_context))
 
 
 class FakeEveryOfferCounts(FakeManager):

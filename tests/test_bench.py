@@ -26,6 +26,7 @@ def test_bench_prints_every_table_and_writes_the_results_file(tmp_path):
         assert "|---" in section[n], section[n]
     assert "every_offer_counts" in section[1]
     assert "manager vs model, impl:lru" in section[2]
+    assert "default gate on impl (`CI=true kvgate check`" in section[2]
     assert "| impl | lru |" in section[3]
     assert "worker / fastest plain copy" in section[4]
     assert "64,000-key tracker" in section[5]

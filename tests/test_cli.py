@@ -19,13 +19,16 @@ import pytest
 
 import tests.fake_vllm as fake
 from kvgate.cli import main
+from kvgate.properties.adapters import Config
 from kvgate.properties.manager_machine import EXACT_ONLY
 from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--profile", "ci", "--max-examples", "30", "--steps", "20"]
+MANAGER_ONLY = ["--machine", "manager"]  # the quick path, where the machine is not the point
 FAILING = "mutant:every_offer_counts"  # caught within a few examples, shrunk in about a second
+VLLM_ONLY = "it drives vLLM's own scheduler, so only vllm and vllm=MODULE:ATTR targets"
 
 
 def _vllm_importable() -> bool:
@@ -48,8 +51,9 @@ def check(capsys, *args):
 
 @pytest.fixture(scope="module")
 def failing(tmp_path_factory):
-    """One gate run over impl and a failing mutant, with every output written: its exit code,
-    its printed report, and the repro, history and JUnit files."""
+    """One default gate run (every machine that applies) over impl and a failing mutant, with
+    every output written: its exit code, its printed report, and the repro, history and JUnit
+    files."""
     import contextlib
     import io
     out = tmp_path_factory.mktemp("failing")
@@ -66,17 +70,39 @@ def failing(tmp_path_factory):
 # --------------------------------------------------------------------------- exit 0
 
 def test_default_target_passes_and_prints_the_summary(capsys, tmp_path):
+    """No --machine: every machine that applies to impl runs, and the header and the summary
+    name the one left out and why."""
     repro, history = tmp_path / "repro.py", tmp_path / "history.jsonl"
     code, out, err = check(capsys, "--repro", str(repro), "--history", str(history))
     assert code == 0, out + err
     assert not repro.exists() and "repro: nothing to write" in out
-    header = json.loads(history.read_text().splitlines()[0])
-    assert header["passed"] is True and header["error"] is None
-    assert "PASS  manager x impl" in out
-    assert "summary: 1 run; machines: manager;" in out
-    assert "coverage (manager):" in out and "labels hit" in out
+    headers = [json.loads(line) for line in history.read_text().splitlines()
+               if "target_spec" in line]
+    assert [h["machine"] for h in headers] == ["manager", "scheduler"]
+    assert all(h["passed"] is True and h["error"] is None for h in headers)
+    lines = out.splitlines()
+    assert "; machines: manager, scheduler; targets: impl" in lines[0]
+    left = f"left out: vllm-scheduler ({VLLM_ONLY})"
+    assert lines[1] == left
+    assert "PASS  manager x impl" in out and "PASS  scheduler x impl" in out
+    summary = next(i for i, line in enumerate(lines) if line.startswith("summary: "))
+    assert lines[summary].startswith("summary: 2 runs; machines: manager, scheduler;")
+    assert lines[summary + 1] == left
+    assert "coverage (manager):" in out and "coverage (scheduler):" in out
     assert out.rstrip().endswith("result: every property holds (exit 0)")
     assert err == ""
+
+
+def test_machine_manager_is_the_quick_path_and_says_what_it_left_out(capsys):
+    code, out, _ = check(capsys, *MANAGER_ONLY)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert "; machines: manager; targets: impl" in lines[0]
+    left = ("left out: scheduler (--machine manager; without --machine every machine that "
+            "applies runs)")
+    assert lines[1] == left and lines.count(left) == 2  # the header and the summary
+    assert "summary: 1 run; machines: manager;" in out
+    assert "scheduler x impl" not in out
 
 
 def test_impl_arc(capsys):
@@ -109,15 +135,21 @@ def test_vllm_interface_target_through_the_adapter(capsys):
     assert "not checked for vllm=tests.fake_vllm:FakeManager: " in out
 
 
-def test_machine_all_runs_every_machine_on_every_target(capsys):
-    code, out, _ = check(capsys, "--machine", "all", "--target", "impl",
-                         "--target", "vllm=tests.fake_vllm:FakeManager")
+@pytest.mark.skipif(_vllm_importable(), reason="vLLM is installed here")
+def test_machine_all_runs_every_machine_that_applies_on_every_target(capsys):
+    fake_spec = "vllm=tests.fake_vllm:FakeManager"
+    code, out, _ = check(capsys, "--machine", "all", "--target", "impl", "--target", fake_spec)
     assert code == 0, out
-    for run in ("manager x impl", "scheduler x impl", "manager x vllm=tests.fake_vllm:FakeManager",
-                "scheduler x vllm=tests.fake_vllm:FakeManager"):
+    for run in ("manager x impl", "scheduler x impl", f"manager x {fake_spec}",
+                f"scheduler x {fake_spec}"):
         assert f"PASS  {run}" in out
     assert "summary: 4 runs; machines: manager, scheduler;" in out
     assert "coverage (scheduler):" in out
+    # vLLM's scheduler would take the vLLM-interface target, but vLLM is not here.
+    assert (f"left out: vllm-scheduler for {fake_spec} (unavailable here: vLLM is not "
+            "importable (ModuleNotFoundError: No module named 'vllm'); --machine "
+            "vllm-scheduler says how to install it)") in out
+    assert f"left out: vllm-scheduler for impl ({VLLM_ONLY})" in out
 
 
 def test_seed_is_used_and_shown(capsys):
@@ -154,8 +186,10 @@ def test_progress_display_can_be_forced(capsys):
 def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing):
     code, out = failing["code"], failing["out"]
     assert code == 1
-    assert "PASS  manager x impl" in out
+    assert "PASS  manager x impl" in out and "PASS  scheduler x impl" in out
     assert f"FAIL  manager x {FAILING}: counterexample in" in out
+    assert f"FAIL  scheduler x {FAILING}: counterexample in" in out
+    assert "repro: " in out and "(2 failing runs;" in out
     assert "Divergence: divergence at step" in out and "prepare_store(" in out
     assert "  target: " in out and "  model:  " in out
     assert "state = ManagerMachine_mutant_every_offer_counts()" in out
@@ -168,14 +202,16 @@ def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing)
 
 
 def test_module_attr_bad_manager_fails(capsys):
-    code, out, _ = check(capsys, "--target", "kvgate.properties.mutants:EveryOfferCounts")
+    code, out, _ = check(capsys, *MANAGER_ONLY,
+                         "--target", "kvgate.properties.mutants:EveryOfferCounts")
     assert code == 1, out
 
 
 def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     repro = tmp_path / "repro_vllm.py"
-    code, out, _ = check(capsys, "--target", "vllm=tests.fake_vllm:FakeEveryOfferCounts",
+    code, out, _ = check(capsys, *MANAGER_ONLY,
+                         "--target", "vllm=tests.fake_vllm:FakeEveryOfferCounts",
                          "--repro", str(repro))
     assert code == 1, out
     assert "Divergence: divergence at step" in out and "prepare_store(" in out
@@ -191,7 +227,6 @@ def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path
     (["check", "--target", "kvgate.impl.manager:NoSuchManager"], "has no attribute"),
     (["check", "--target", "tests.fake_vllm:NotAManager"], "lacks the manager interface"),
     (["check", "--target", "vllm=tests.fake_vllm:NotAManager"], "lacks vLLM's manager"),
-    (["check", "--target", "builtins:len"], "could not be built"),
     (["check", "--target", "mutant:no_such_variant"], "unknown mutant"),
     (["check", "--target", "kvgate.impl.manager"], "is not MODULE:ATTR"),
     (["check", "--bogus"], "unrecognized arguments"),
@@ -210,6 +245,15 @@ def test_usage_and_target_errors_exit_2_with_one_line(capsys, args, says):
     assert says in err
 
 
+def test_a_constructor_that_raises_is_a_counterexample(capsys):
+    """Spec §9: a target whose constructor raises on a configuration the model accepts fails
+    the gate (exit 1) with the configuration it refused, not a usage error."""
+    code, out, _ = check(capsys, "--target", "builtins:abs", "--machine", "manager")
+    assert code == 1, out
+    assert "the target's constructor raised TypeError" in out
+    assert "which the model accepts" in out
+
+
 def test_no_command_prints_help_and_exits_2(capsys):
     code, _, err = kvgate(capsys)
     assert code == 2
@@ -224,6 +268,83 @@ def test_vllm_target_without_vllm_says_how_to_install(capsys):
     assert len(err.strip().splitlines()) == 1
     assert "pip install --no-deps vllm==" in err
     assert "CPU build of torch" in err
+
+
+# --------------------------------------------------------------------------- the machine registry
+
+@pytest.fixture
+def widget(monkeypatch):
+    """A machine added to the registry that cannot run here: every command that reads the
+    registry must name it, leave it out of the default and refuse it by name."""
+    from kvgate.cli import runs
+
+    def build(target):
+        raise AssertionError("an unavailable machine was built")
+
+    monkeypatch.setitem(runs.MACHINES, "widget", runs.Machine(
+        "widget", "a machine that needs a widget", build, targets="impl targets",
+        not_for=lambda t: None if t.spec.startswith("impl") else "it needs impl",
+        unavailable=lambda: "no widget here", install=lambda: "plug a widget in"))
+    return "widget"
+
+
+def test_one_registry_names_a_machine_everywhere(capsys, widget):
+    code, out, _ = check(capsys, "--max-examples", "5")
+    assert code == 0, out
+    left = ("left out: widget (unavailable here: no widget here; --machine widget says how to "
+            "install it)")
+    assert out.splitlines()[2] == left and out.count(left) == 2  # header and summary
+    assert "summary: 2 runs; machines: manager, scheduler;" in out
+    code, out, _ = check(capsys, "--max-examples", "5", *MANAGER_ONLY)
+    assert code == 0 and "left out: widget (--machine manager;" in out
+    code, out, _ = kvgate(capsys, "list")
+    assert code == 0
+    assert ("  widget          a machine that needs a widget; for impl targets; unavailable "
+            "here: no widget here") in out.splitlines()
+    code, out, err = check(capsys, "--machine", widget)
+    assert code == 2 and out == ""
+    assert err.strip() == ("kvgate: --machine widget: cannot run here: no widget here; plug a "
+                           "widget in")
+
+
+def test_a_machine_named_for_a_target_it_does_not_apply_to_exits_2(capsys, monkeypatch):
+    from dataclasses import replace
+
+    from kvgate.cli import runs
+    monkeypatch.setitem(runs.MACHINES, "vllm-scheduler",
+                        replace(runs.MACHINES["vllm-scheduler"], unavailable=lambda: None))
+    code, out, err = check(capsys, "--machine", "vllm-scheduler", "--target", "impl:lru")
+    assert code == 2 and out == ""
+    assert err.strip() == ("kvgate: --machine vllm-scheduler does not apply to target "
+                           f"impl:lru: {VLLM_ONLY}")
+
+
+@pytest.mark.skipif(_vllm_importable(), reason="vLLM is installed here")
+def test_vllm_scheduler_without_vllm_says_how_to_install_a_release(capsys):
+    code, out, err = kvgate(capsys, "check", "--machine", "vllm-scheduler")
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("kvgate: --machine vllm-scheduler: cannot run here: vLLM is not "
+                          "importable")
+    assert "pip install --no-deps vllm==<version>" in err and "CPU build of torch" in err
+
+
+def test_vllm_scheduler_module_not_built_is_said_so(monkeypatch):
+    """Where vLLM imports but the machine's module does not exist, the reason says that (and
+    nothing about installing vLLM); a module that exists answers for itself."""
+    from kvgate.cli import runs
+    monkeypatch.setattr(runs, "_vllm_missing", lambda: None)
+    monkeypatch.setattr(runs, "VLLM_SCHEDULER_MODULE", "kvgate.properties.no_such_machine")
+    machine = runs.MACHINES["vllm-scheduler"]
+    assert machine.unavailable() == ("not built in this kvgate yet: "
+                                     "kvgate.properties.no_such_machine does not exist")
+    assert machine.install() == ""
+    monkeypatch.setattr(runs, "VLLM_SCHEDULER_MODULE", "tests.fake_vllm_scheduler")
+    monkeypatch.setitem(sys.modules, "tests.fake_vllm_scheduler",
+                        type(sys)("tests.fake_vllm_scheduler"))
+    sys.modules["tests.fake_vllm_scheduler"].unavailable_reason = lambda: "sync only"
+    assert machine.unavailable() == "sync only"
 
 
 # --------------------------------------------------------------------------- failure outputs
@@ -274,13 +395,19 @@ def test_repro_replays_from_the_blob_when_steps_cannot_be_printed(tmp_path):
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
+def _history_runs(path: Path) -> list[tuple[dict, list[dict]]]:
+    """Each run's header line and the lines after it."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    starts = [i for i, line in enumerate(lines) if "target_spec" in line] + [len(lines)]
+    return [(lines[a], lines[a + 1:b]) for a, b in zip(starts, starts[1:])]
+
+
 def test_history_is_json_lines_ending_at_the_divergence(failing):
-    lines = [json.loads(line) for line in failing["history"].read_text().splitlines()]
-    runs = [line for line in lines if "target_spec" in line]
-    assert [r["target_spec"] for r in runs] == ["impl", FAILING]
-    assert runs[0]["passed"] is True and runs[0]["error"] is None
-    start = lines.index(runs[1])
-    header, steps = lines[start], lines[start + 1:]
+    runs = _history_runs(failing["history"])
+    assert [(h["machine"], h["target_spec"]) for h, _ in runs] == [
+        ("manager", "impl"), ("scheduler", "impl"), ("manager", FAILING), ("scheduler", FAILING)]
+    assert all(h["passed"] is True and h["error"] is None for h, _ in runs[:2])
+    header, steps = runs[2]
     assert header["machine"] == "manager" and header["target_spec"] == FAILING
     assert header["passed"] is False and header["error"].startswith("Divergence")
     assert steps and steps[0]["rule"] == "configure"  # the machine's steps and the calls
@@ -294,10 +421,13 @@ def test_junit_xml_has_one_testcase_per_run_and_the_failure(failing):
     root = ET.parse(failing["junit"]).getroot()
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases] == ["impl", FAILING]
-    assert suite.get("tests") == "2" and suite.get("failures") == "1"
-    assert cases[0].find("failure") is None
-    failure = cases[1].find("failure")
+    assert [(c.get("classname"), c.get("name")) for c in cases] == [
+        ("kvgate.manager", "impl"), ("kvgate.scheduler", "impl"),
+        ("kvgate.manager", FAILING), ("kvgate.scheduler", FAILING)]
+    assert suite.get("tests") == "4" and suite.get("failures") == "2"
+    assert cases[0].find("failure") is None and cases[1].find("failure") is None
+    assert cases[3].find("failure") is not None
+    failure = cases[2].find("failure")
     assert failure.get("message").startswith("Divergence: divergence at step")
     assert "prepare_store(" in failure.get("message")
     assert "state = ManagerMachine_mutant_every_offer_counts()" in failure.text
@@ -307,9 +437,9 @@ def test_junit_xml_has_one_testcase_per_run_and_the_failure(failing):
 
 def test_directory_database_shares_a_failure_with_the_next_run(capsys, tmp_path):
     db = tmp_path / "examples"
-    first = check(capsys, "--target", FAILING, "--database", str(db))
+    first = check(capsys, *MANAGER_ONLY, "--target", FAILING, "--database", str(db))
     assert first[0] == 1 and any(db.rglob("*"))
-    second = check(capsys, "--target", FAILING, "--database", str(db))
+    second = check(capsys, *MANAGER_ONLY, "--target", FAILING, "--database", str(db))
     assert second[0] == 1
     examples = [int(line.split("(")[1].split(" examples")[0])
                 for code, out, _ in (first, second) for line in out.splitlines()
@@ -321,9 +451,9 @@ def test_directory_database_shares_a_failure_with_the_next_run(capsys, tmp_path)
 
 def test_no_database_searches_afresh(capsys, tmp_path, monkeypatch):
     db = tmp_path / "examples"
-    assert check(capsys, "--target", FAILING, "--database", str(db))[0] == 1
+    assert check(capsys, *MANAGER_ONLY, "--target", FAILING, "--database", str(db))[0] == 1
     monkeypatch.setenv("KVGATE_DATABASE", str(db))
-    code, out, _ = check(capsys, "--target", FAILING, "--no-database")
+    code, out, _ = check(capsys, *MANAGER_ONLY, "--target", FAILING, "--no-database")
     assert code == 1
     assert "; no example database;" in out.splitlines()[0]
     assert "0 from the example database" in out and "note:" not in out
@@ -335,7 +465,8 @@ def test_redis_database_shares_a_failure(capsys, monkeypatch):
     server = fakeredis.FakeServer()
     monkeypatch.setattr(redis.Redis, "from_url",
                         classmethod(lambda cls, url, **kw: fakeredis.FakeRedis(server=server)))
-    code, out, _ = check(capsys, "--target", FAILING, "--database", "redis://ci-cache:6379/0")
+    code, out, _ = check(capsys, *MANAGER_ONLY, "--target", FAILING,
+                         "--database", "redis://ci-cache:6379/0")
     assert code == 1
     assert "database redis://ci-cache:6379/0" in out.splitlines()[0]
     assert fakeredis.FakeRedis(server=server).keys("hypothesis-example:*")  # shared from here
@@ -368,8 +499,14 @@ def test_list_names_targets_mutants_and_machines(capsys):
     code, out, _ = kvgate(capsys, "list")
     assert code == 0
     for word in ("impl", "impl:arc", "mutant:NAME", "MODULE:ATTR", "foreign=MODULE:ATTR",
-                 "vllm=MODULE:ATTR", "every_offer_counts", "manager", "scheduler", "vllm:"):
+                 "vllm=MODULE:ATTR", "every_offer_counts", "vllm:"):
         assert word in out
+    lines = out.splitlines()
+    at = lines.index("machines (--machine; without it `kvgate check` runs every machine below "
+                     "that applies to the target and can run here):")
+    assert [line.split()[0] for line in lines[at + 1:at + 5]] == [
+        "manager", "scheduler", "vllm-scheduler", "all"]
+    assert "for vllm and vllm=MODULE:ATTR targets" in lines[at + 3]
 
 
 def test_replay_is_a_subcommand(capsys):
@@ -412,10 +549,11 @@ def test_adapter_speaks_our_keys_and_plain_values():
     assert stats["vllm:kv_offload_cpu_allocation_size"] == [1]  # from the unreduced samples
     assert adapter.get_stats()["vllm:kv_offload_cpu_allocation_size"] == []
     adapter.complete_store([a], other)
-    assert adapter.take_events() == [((a,), False, False)]
+    assert adapter.take_events() == [((a,), False, False, True, other)]
     assert adapter.take_events() == []
     assert adapter.prepare_load([a], other) == [0]
-    assert adapter.free_chunks() is None and adapter.chunk_of(a) is None
+    assert adapter.free_chunks() == 3 and adapter.resident(a) == (0, 1)
+    assert adapter.policy_state() == {"lru": [a]}
 
 
 def test_adapter_drains_events_only_by_iterating_the_generator():
@@ -448,29 +586,27 @@ def test_adapter_tolerates_events_without_metadata_only_and_summarised_histogram
     from kvgate.impl.base import make_key
     adapter = VllmAdapter(Manager(2), types=TYPES)
     adapter.lookup(make_key(b"a"), adapter.new_context("r0"))  # the adapter has seen key a
-    assert adapter.take_events() == [((make_key(b"a"),), True, False)]
+    assert adapter.take_events() == [((make_key(b"a"),), True, False, None, None)]
     assert adapter.get_stats() == {"vllm:kv_offload_cpu_cache_usage_perc": 0.25}
 
 
 def test_adapter_builds_with_vllm_constructor_names():
     target = resolve_vllm("vllm=tests.fake_vllm:FakeManager")
-    adapter = target.make(3, "arc", 2, 5)
+    adapter = target.make(Config(3, "arc", 2, 5))
     assert adapter.manager._m.num_chunks == 3 and adapter.manager._m.cache_policy == "arc"
     assert adapter.manager._m.tracker is not None and adapter.manager._m._events is not None
-    assert target.foreign and target.policies == ("lru", "arc")
-    assert resolve_target("vllm=tests.fake_vllm:FakeManager").foreign
+    assert not target.foreign and target.policies == ("lru", "arc")
+    assert target.recencies == ("request",) and not target.kvgate_interface
+    assert resolve_target("foreign=vllm=tests.fake_vllm:FakeManager").foreign
 
 
-def test_scheduler_history_lists_the_offers_of_the_counterexample(capsys, tmp_path):
+def test_scheduler_history_lists_the_offers_of_the_counterexample(failing):
     """The scheduler machine's history: every prepare_store of the shrunk run, by engine step
     (and the divergent call last when a call diverges; here a state check fails after it)."""
-    history = tmp_path / "history.jsonl"
-    code, out, err = check(capsys, "--machine", "scheduler", "--target", FAILING,
-                           "--history", str(history))
-    assert code == 1, out + err
-    lines = [json.loads(line) for line in history.read_text().splitlines()]
-    header, calls = lines[0], [line for line in lines[1:] if "call" in line]
-    assert header["machine"] == "scheduler" and header["passed"] is False
+    header, lines = _history_runs(failing["history"])[3]
+    calls = [line for line in lines if "call" in line]
+    assert header["machine"] == "scheduler" and header["target_spec"] == FAILING
+    assert header["passed"] is False
     assert calls and "prepare_store" in {c["call"] for c in calls}
     assert [c["call_no"] for c in calls] == sorted({c["call_no"] for c in calls})
     assert all(c["step"] >= 1 and c["args"].startswith("(['k") for c in calls

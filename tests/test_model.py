@@ -2,7 +2,6 @@
 import pytest
 
 from kvgate.model import Model, ModelError, admission_step
-from kvgate.model.cache import AdmissionDiffers
 
 SKIPPED = "vllm:kv_offload_stores_skipped"
 
@@ -12,6 +11,11 @@ def key(name: str) -> bytes:
 
 
 E, C = key("eligible"), key("cold")
+
+
+def events(m: Model) -> list:
+    """The drained events as (keys, removed, metadata_only)."""
+    return [e[:3] for e in m.take_events()]
 
 
 def count(m: Model, k: bytes) -> int:
@@ -87,7 +91,7 @@ def test_lru_evicts_least_recent_and_touch_makes_first_key_most_recent():
     assert m.lru == [c, b, a]
     m.prepare_load([c])  # pinned: not evictable
     assert m.prepare_store([d], "s") == ([d], [1], [b])
-    assert m.take_events() == [((a, b, c), False, False), ((b,), True, False)]
+    assert events(m) == [((a, b, c), False, False), ((b,), True, False)]
 
 
 def test_arc_ghost_hit_adapts_once_per_request():
@@ -123,7 +127,7 @@ def test_reset_drops_chunks_keeps_counts_and_starts_counting_over():
     assert m.get_stats()[SKIPPED] == 2  # w skipped E, r skipped C
     assert m.prepare_store([E, C], "r") == ([E, C], [0, 1], [])  # r counts C again: 2
     assert m.get_stats()["vllm:kv_offload_cpu_cache_write_usage_perc"] == 1.0
-    assert m.take_events() == [((E,), False, False)]  # queued before the reset, kept; none added
+    assert events(m) == [((E,), False, False)]  # queued before the reset, kept; none added
 
 
 def test_failed_store_frees_last_freed_first_and_errors_leave_state():
@@ -131,7 +135,7 @@ def test_failed_store_frees_last_freed_first_and_errors_leave_state():
     m = Model(2)
     m.prepare_store([a, b], "r")
     m.complete_store([b, a], success=False)
-    assert m.take_events() == [((b, a), True, True)]
+    assert events(m) == [((b, a), True, True)]
     assert m.prepare_store([a], "r") == ([a], [0], [])  # a's chunk 0 was freed last
     with pytest.raises(ModelError, match="pending"):
         m.prepare_load([a])
@@ -141,26 +145,114 @@ def test_failed_store_frees_last_freed_first_and_errors_leave_state():
         Model(1, max_tracker_size=0)
 
 
-def test_foreign_choice_is_checked_then_adopted():
+def test_a_foreign_choice_is_applied_as_given():
+    """The model judges nothing (the oracle does): ``choose`` is asked only when the offer fits,
+    with the admitted keys, the victims needed, the evictable keys and the free ids."""
     a, b, c = key("a"), key("b"), key("c")
     m = Model(2)
     m.prepare_store([a, b], "r")
     m.complete_store([a, b])
-    with pytest.raises(ModelError, match="illegal eviction"):
-        m.prepare_store([c], "s", choice=([c], [0]))
-    with pytest.raises(ModelError, match="illegal chunk ids"):
-        m.prepare_store([c], "s", choice=([b], [0]))
-    assert m.prepare_store([c], "s", choice=([b], [1])) == ([c], [1], [b])
+    asked = []
+
+    def choose(admitted, need, ok, free):
+        asked.append((admitted, need, ok, free))
+        return [b], [1]
+
+    assert m.prepare_store([c], "s", choose=choose) == ([c], [1], [b])
+    assert asked == [([c], 1, {a, b}, set())]
     assert m.resident[c] == {"chunk": 1, "ref": -1} and m.lru == [a, c]
     assert m.fresh == [] and m.freed == []
 
 
-def test_foreign_admission_is_compared_before_the_choice():
-    """A foreign target that stores other keys than the model admits is told so, rather than
-    that its chunk ids are illegal (they are, for the model's admission)."""
+def positions(**slots):
+    """A request's positions: key name -> end token."""
+    table = {key(n): 16 * i for n, i in slots.items()}
+    return table.get
+
+
+def test_request_lru_ranks_a_tail_before_its_head_and_commits_head_most_recent():
+    """R4: a request's stores rank at (request rank, -position), so its tail goes first; its
+    commit at finish (R3) gives fresh ranks tail first, so the head ends most recent."""
+    a, b, c, d = (key(x) for x in "abcd")
+    m = Model(3, recency="request")
+    pos = positions(a=1, b=2, c=3)
+    m.on_new_request("r")
+    m.prepare_store([a, b, c], "r", pos)
+    assert m.lru == [c, b, a]  # tail (c) least recent while the request runs
+    m.complete_store([a, b, c])
+    m.on_new_request("s")
+    m.prepare_store([a], "s", positions(a=5))  # s sees a: first sight lifts it to s's rank
+    assert m.lru == [c, b, a]
+    m.on_request_finished("r", pos)  # commit, tail first: c, b, a get fresh ranks
+    assert m.lru == [c, b, a] and m.rank[a] > m.rank[b] > m.rank[c]
+    assert m.prepare_store([d], "s", positions(d=6)) == ([d], [2], [c])
+    assert m.lru == [d, b, a]  # s's rank predates r's commit: its store ranks below it
+    m.on_request_finished("r", pos)  # a second finish commits nothing
+    assert m.lru == [d, b, a]
+
+
+def test_request_commit_sorts_only_when_every_key_has_a_position():
+    a, b = key("a"), key("b")
+    m = Model(2, recency="request")
+    m.prepare_store([b, a], "r", positions(a=1))  # b has no position: first-sight order
+    m.complete_store([a, b])
+    m.on_request_finished("r", positions(a=1))
+    assert m.lru == [a, b]  # tail first: a then b; b (seen first) ends most recent
+
+
+def test_request_arc_promotes_reuse_at_finish_not_stores_or_own_rereads():
+    """R5: a ready chunk another request reused moves to T2 when that request finishes; a
+    chunk only stored, or re-read by the request that stored it, keeps its list."""
+    a, b = key("a"), key("b")
+    m = Model(2, policy="arc", recency="request")
+    m.prepare_store([a, b], "r")
+    m.complete_store([a, b])
+    m.prepare_load([a], "r")  # r re-reads its own store: not a reuse
+    m.complete_load([a])
+    m.prepare_load([b], "s")  # s reuses b
+    m.complete_load([b])
+    assert m.t1 == [a, b] and m.t2 == []  # nothing moves before the finishes
+    m.on_request_finished("r")
+    assert m.t1 == [b, a]  # insertion only: a refreshed at T1's recent end, head last
+    m.on_request_finished("s")
+    assert m.t1 == [a] and m.t2 == [b]
+
+
+def test_request_arc_evicts_against_floor_p_and_moves_ghosts_on_a_hit():
+    """R6: |T1| is compared with floor(p); a ghost hit moves the ghost to its recent end."""
+    m = Model(3, policy="arc", recency="request")
+    a, b, c = key("a"), key("b"), key("c")
+    m.b1, m.b2, m.p = [a, b], [c], 0.0
+    m._adapt(a)
+    assert m.p == 1.0 and m.b1 == [b, a]
+    m.p = 1.5
+    t = Model(3, policy="arc")  # the touch-based rules compare with p itself
+    for model in (m, t):
+        model.resident = {k: {"chunk": i, "ref": 0} for i, k in enumerate((a, b))}
+        model.t1, model.t2, model.p = [a], [b], 1.5
+    assert m._victims(1, {a, b}) == [a]  # 1 >= floor(1.5): from T1
+    assert t._victims(1, {a, b}) == [b]  # 1 < 1.5: from T2
+
+
+def test_events_switched_off_and_the_interface_answers():
     a = key("a")
-    m = Model(2, store_threshold=2)
-    with pytest.raises(AdmissionDiffers) as info:
-        m.prepare_store([a], "r", choice=([], [0]), stored=[a])
-    assert info.value.admitted == [] and "the model admits []" in str(info.value)
-    assert m.prepare_store([a], "s", choice=([], [0]), stored=[a]) == ([a], [0], [])
+    m = Model(1, enable_events=False)
+    assert m.on_new_request("r") == "chunk_level"
+    m.prepare_store([a], "r")
+    m.complete_store([a])
+    assert events(m) == []
+    assert m.get_load_source(a) == "host" and m.config_info() == [{}]
+    assert m.has_pending_work() is False
+    with pytest.raises(ModelError, match="not a hit"):
+        m.get_load_source(key("b"))
+
+
+def test_two_models_share_one_record_per_request():
+    """A context holds one record per type: a manager that takes it replaces the other's."""
+    slots: dict = {}
+    m1, m2 = Model(2, store_threshold=2, slots=slots), Model(2, store_threshold=2, slots=slots)
+    a = key("a")
+    m1.prepare_store([a], "r")
+    m2.on_new_request("r")  # m2 takes r's record
+    m1.prepare_store([a], "r")  # so r's offer counts again in m1: a new record
+    assert dict(m1.tracker_items())[a] == 2

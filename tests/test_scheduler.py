@@ -16,7 +16,7 @@ from kvgate.impl.manager import OffloadingManager
 from kvgate.impl.scheduler import Request, RequestState, Scheduler, block_hashes_of, chunk_keys
 from kvgate.model.cache import Model
 from kvgate.properties.adapters import NativeAdapter
-from kvgate.properties.audit import driver_hooks
+from kvgate.properties.audit import Audit, driver_hooks
 from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.oracle import Divergence, LockstepManager
@@ -266,11 +266,33 @@ def test_lockstep_names_the_step_and_the_call():
 
 
 class _NoSkipMetric(OffloadingManager):
-    """Reports every metric but the skip count (as an adapter that cannot see it would)."""
+    """Reports every metric but the skip count (as a build that stopped emitting it would)."""
 
     def get_stats(self):
         stats = super().get_stats().as_dict()
         stats.pop("vllm:kv_offload_stores_skipped", None)
+        return stats
+
+
+class _NoWriteGauge(OffloadingManager):
+    """Never reports the write-usage gauge (an adapter that cannot see it, say)."""
+
+    def get_stats(self):
+        stats = super().get_stats().as_dict()
+        stats.pop("vllm:kv_offload_cpu_cache_write_usage_perc")
+        return stats
+
+
+class _WriteGaugeGoesMissing(OffloadingManager):
+    """Reports the write-usage gauge at its first read only."""
+
+    reads = 0
+
+    def get_stats(self):
+        stats = super().get_stats().as_dict()
+        self.reads += 1
+        if self.reads > 1:
+            stats.pop("vllm:kv_offload_cpu_cache_write_usage_perc")
         return stats
 
 
@@ -280,23 +302,29 @@ class _InventsSkips(OffloadingManager):
 
 
 @pytest.mark.parametrize("cls, foreign, agrees", [
-    (_NoSkipMetric, True, True),  # a foreign target may leave a metric out
-    (_NoSkipMetric, False, False),  # an exact one may not
-    (_InventsSkips, True, False),  # and none may report skips at store_threshold < 2
+    (_NoSkipMetric, True, False),  # no target may leave out the skip metric at threshold >= 2
+    (_NoSkipMetric, False, False),
+    (_NoWriteGauge, True, True),  # a foreign target reports a fixed set: its first read's
+    (_NoWriteGauge, False, False),  # an exact one reports the model's
+    (_WriteGaugeGoesMissing, True, False),  # and a metric that goes missing later diverges
+    (_InventsSkips, True, False),  # none may report skips at store_threshold < 2
     (_InventsSkips, False, False),
 ])
-def test_lockstep_stats_of_foreign_targets(cls, foreign, agrees):
-    threshold = 2 if cls is _NoSkipMetric else 1
+def test_lockstep_stats_no_metric_is_optional_by_silence(cls, foreign, agrees):
+    """Spec §5: a metric is never optional by silence (each row: what the oracle says)."""
+    threshold = 1 if cls is _InventsSkips else 2
     oracle = LockstepManager(NativeAdapter(cls(2, store_threshold=threshold)),
-                            Model(2, "lru", threshold, 64_000), foreign=foreign)
+                             Model(2, "lru", threshold, 64_000), foreign=foreign)
     ctx = ReqContext("r")
     oracle.on_new_request(ctx)
     oracle.prepare_store([make_key(b"a")], ctx)
     if agrees:
         oracle.get_stats()
-    else:
-        with pytest.raises(Divergence, match="get_stats"):
-            oracle.get_stats()
+        oracle.get_stats()
+        return
+    with pytest.raises(Divergence, match="get_stats"):
+        oracle.get_stats()
+        oracle.get_stats()
 
 
 def test_each_key_gets_its_position_on_the_requests_context():
@@ -404,3 +432,19 @@ def test_scheduler_machine_checks_that_loads_bring_their_data():
     assert not result.passed
     assert "data: step" in result.message and "loaded from chunk" in result.message, \
         result.message
+
+
+def test_the_audit_reads_the_oracles_record_of_offers_and_keeps_none_of_its_own():
+    """One record of who offered what per machine: the audit over the oracle reads the
+    oracle's; were it to record too, it would start the key's since-entry offerers over."""
+    oracle = LockstepManager(NativeAdapter(_impl(4, store_threshold=3)),
+                             Model(4, "lru", 3, 64_000))
+    audit = Audit(oracle, NullWorker(track_data=True), 3, data=True, offers=oracle.offers)
+    key = make_key(b"a")
+    for name in ("r", "s", "r"):
+        ctx = ReqContext(name)
+        audit.manager.on_new_request(ctx)
+        audit.manager.prepare_store([key], ctx)
+    assert audit.offers is oracle.offers
+    assert (oracle.offers.ever(key), oracle.offers.since_entry(key)) == (3, 3)
+    assert audit.cold_admissions == 0

@@ -10,7 +10,7 @@ import pytest
 from kvgate.cli import main
 from kvgate.impl.base import make_key
 from kvgate.impl.manager import OffloadingManager
-from kvgate.properties.adapters import TargetError
+from kvgate.properties.adapters import Config, TargetError
 from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_adapter import resolve_vllm
 
@@ -22,7 +22,7 @@ def test_a_manager_without_touch_is_named_and_never_touched():
     target = resolve_vllm(NO_TOUCH)
     assert target.missing == frozenset({"touch"})
     assert "lacks touch (never drawn)" in target.note
-    adapter = target.make(2, "lru", 2, 4)
+    adapter = target.make(Config(2, "lru", 2, 4))
     assert adapter.missing == frozenset({"touch"})
     with pytest.raises(TargetError, match="has no touch"):
         adapter.touch([make_key(b"A")], adapter.new_context("r"))
@@ -35,12 +35,12 @@ def test_a_manager_with_touch_lacks_nothing():
 
 
 def test_events_with_newer_fields_read_as_plain_events():
-    adapter = resolve_vllm(NO_TOUCH).make(2, "lru", 1, 4)
+    adapter = resolve_vllm(NO_TOUCH).make(Config(2, "lru", 1, 4))
     ctx = adapter.new_context("r")
     key = make_key(b"A")
     out = adapter.prepare_store([key], ctx)
-    adapter.complete_store(out.keys_to_store, ctx)
-    assert [tuple(e) for e in adapter.take_events()] == [((key,), False, False)]
+    adapter.complete_store(out[0], ctx)
+    assert [tuple(e) for e in adapter.take_events()] == [((key,), False, False, True, ctx)]
 
 
 def test_the_gate_checks_a_manager_without_touch_and_says_so(capsys):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from .base import CachePolicy, Evictable, Resident
+from .base import CachePolicy, Evictable, RequestRank, Resident
 
 
 class ARCPolicy(CachePolicy):
@@ -24,7 +24,8 @@ class ARCPolicy(CachePolicy):
         entry = self.t1.get(key)
         return entry if entry is not None else self.t2.get(key)
 
-    def insert(self, key: bytes, entry: Resident) -> None:
+    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
+               position: int | None = None) -> None:
         self.b1.pop(key, None)
         self.b2.pop(key, None)
         self.t1[key] = entry
@@ -50,16 +51,21 @@ class ARCPolicy(CachePolicy):
             else:
                 self._adapt(key)
 
-    def on_store_miss(self, key: bytes) -> None:
-        self._adapt(key)
+    def on_store_misses(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self._adapt(key)
+
+    def _t1_target(self) -> float:
+        """What |T1| is compared with when choosing the list to evict from."""
+        return self.p
 
     def choose_victims(self, n: int, evictable: Evictable) -> list[bytes] | None:
         from_t1: Iterator[bytes] = (k for k, e in self.t1.items() if evictable(k, e))
         from_t2: Iterator[bytes] = (k for k, e in self.t2.items() if evictable(k, e))
-        t1_len = len(self.t1)
+        t1_len, target = len(self.t1), self._t1_target()
         victims: list[bytes] = []
         for _ in range(n):
-            first, second = (from_t1, from_t2) if t1_len >= self.p else (from_t2, from_t1)
+            first, second = (from_t1, from_t2) if t1_len >= target else (from_t2, from_t1)
             key = next(first, None)
             if key is None:
                 key = next(second, None)
@@ -92,3 +98,34 @@ class ARCPolicy(CachePolicy):
         for lst in (self.t1, self.t2, self.b1, self.b2):
             lst.clear()
         self.p = 0
+
+
+class RequestARCPolicy(ARCPolicy):
+    """ARC under request-scoped recency (spec R5, R6): reuse is committed when the request
+    finishes; a ghost hit also moves the ghost to its list's recent end; a request's new store
+    misses are shown last to first; |T1| is compared with floor(p)."""
+
+    def _adapt(self, key: bytes) -> None:
+        ghosts = self.b1 if key in self.b1 else self.b2 if key in self.b2 else None
+        super()._adapt(key)
+        if ghosts is not None:
+            ghosts.move_to_end(key)
+
+    def on_store_misses(self, keys: Sequence[bytes]) -> None:
+        super().on_store_misses(list(reversed(keys)))
+
+    def _t1_target(self) -> float:
+        return int(self.p)
+
+    def commit(self, order: Sequence[bytes], insertion_only: set[bytes],
+               reused: set[bytes]) -> None:
+        for key in reversed(order):  # tail first: the head ends most recent
+            if key in insertion_only:  # a store is not a reuse: it keeps its list
+                lst = self.t1 if key in self.t1 else self.t2 if key in self.t2 else None
+                if lst is not None:
+                    lst.move_to_end(key)
+            elif key in reused:
+                if key in self.t1:
+                    self.t2[key] = self.t1.pop(key)
+                elif key in self.t2:
+                    self.t2.move_to_end(key)

@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 PENDING = -1
+Position = Callable[[bytes], "int | None"]
+
+
+class RequestRank(Protocol):
+    """What a policy may keep of one request (the manager's per-request record): a rank, taken
+    when the policy first needs one."""
+
+    rank: int | None
 
 
 class Resident:
@@ -42,8 +51,10 @@ class CachePolicy(ABC):
         """The entry of a resident key, or ``None``."""
 
     @abstractmethod
-    def insert(self, key: bytes, entry: Resident) -> None:
-        """A newly stored (pending) key."""
+    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
+               position: int | None = None) -> None:
+        """A newly stored (pending) key; ``req`` and ``position``: the storing request and the
+        key's position in it (request-scoped recency only)."""
 
     @abstractmethod
     def remove(self, key: bytes) -> Resident:
@@ -53,8 +64,15 @@ class CachePolicy(ABC):
     def touch(self, keys: Sequence[bytes]) -> None:
         """Recency hint for ``keys``, walked from last to first."""
 
-    def on_store_miss(self, key: bytes) -> None:
-        """An admitted key that is absent from the cache, shown once per request."""
+    def on_store_misses(self, keys: Sequence[bytes]) -> None:
+        """Admitted keys absent from the cache, each shown once per request."""
+
+    def first_sight(self, keys: Sequence[bytes], req: RequestRank, position: Position) -> None:
+        """Keys a request shows for the first time (request-scoped recency, spec R2)."""
+
+    def commit(self, order: Sequence[bytes], insertion_only: set[bytes],
+               reused: set[bytes]) -> None:
+        """A finished request's keys, head to tail (request-scoped recency, spec R3)."""
 
     @abstractmethod
     def choose_victims(self, n: int, evictable: Evictable) -> list[bytes] | None:

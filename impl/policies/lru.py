@@ -5,7 +5,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import islice
 
-from .base import CachePolicy, Evictable, Resident
+from .base import CachePolicy, Evictable, RequestRank, Resident
 
 
 class LRUPolicy(CachePolicy):
@@ -16,7 +16,8 @@ class LRUPolicy(CachePolicy):
     def get(self, key: bytes) -> Resident | None:
         return self.order.get(key)
 
-    def insert(self, key: bytes, entry: Resident) -> None:
+    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
+               position: int | None = None) -> None:
         self.order[key] = entry
 
     def remove(self, key: bytes) -> Resident:

@@ -1,11 +1,16 @@
 """``kvgate``: gate a KV-cache offloading manager from the command line and in CI.
 
-    kvgate check [--target T ...] [--machine manager|scheduler|all] [--profile dev|ci|thorough]
-                 [--seed N] [--max-examples N] [--steps N] [--database DIR|redis://HOST:PORT]
-                 [--repro FILE] [--junit-xml FILE] [--history FILE]
+    kvgate check [--target T ...] [--machine manager|scheduler|vllm-scheduler|all]
+                 [--profile dev|ci|thorough] [--seed N] [--max-examples N] [--steps N]
+                 [--database DIR|redis://HOST:PORT] [--repro FILE] [--junit-xml FILE]
+                 [--history FILE]
     kvgate mutants [--only NAME ...] [--machine M] [--jobs N] ...
     kvgate list
     kvgate replay TRACE ...        (a request trace through the scheduler driver)
+
+Without ``--machine``, ``check`` runs every machine that applies to each target and can run
+here (``runs.MACHINES``; ``kvgate list`` says which), and names the ones it left out and why;
+``--machine manager`` is the quick path.
 
 Exit codes: 0 every property holds (``mutants``: every variant caught), 1 a counterexample
 (``mutants``: a variant escaped), 2 a usage or target error (one line saying which).
@@ -22,9 +27,9 @@ On a failure: the shrunk steps, the answer that differed (target against model),
 machine and target.
 
 The package: ``check``, ``mutants`` and ``listing`` are the subcommands (``kvgate replay`` is
-``kvgate.replay.command``); ``runs`` runs one machine against one target; ``options`` holds the
-flags they share and the example database; ``display`` prints; ``reports`` writes every report
-file; ``errors`` is what exits 2.
+``kvgate.replay.command``); ``runs`` holds the machine registry and runs one machine against
+one target; ``options`` holds the flags they share and the example database; ``display``
+prints; ``reports`` writes every report file; ``errors`` is what exits 2.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from kvgate.properties.targets import Target
 from .display import Display, use_rich
 from .options import add_run_options, check_outputs, database_of
 from .reports import write_history, write_junit, write_repro
-from .runs import (KeepProfile, Run, choose_profile, machines, profile_settings,
+from .runs import (KeepProfile, Plan, Run, choose_profile, plan_runs, profile_settings,
                    resolve_targets, run_one)
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                            "error.")
     check.add_argument("--target", action="append", metavar="T",
                        help="target spec, repeatable (default impl; `kvgate list` names them)")
-    add_run_options(check, "manager")
+    add_run_options(check, None)
     check.add_argument("--repro", metavar="FILE",
                        help="write the shrunk counterexample as a pytest file")
     check.add_argument("--history", metavar="FILE",
@@ -49,7 +49,7 @@ def cmd_check(args) -> int:
     check_outputs(args)
     database = database_of(args)
     targets = resolve_targets(specs)
-    kinds = machines(args.machine)
+    plan = plan_runs(args.machine, targets)
     prof = profile_settings(profile)
     max_examples = args.max_examples or prof.max_examples
     steps = args.steps or prof.stateful_step_count
@@ -61,19 +61,20 @@ def cmd_check(args) -> int:
                      "counterexample)"
                      + (f"; seed {args.seed}" if args.seed is not None else "")
                      + f"; {describe_database(args, profile)}"
-                     + f"; machines: {', '.join(kinds)}; targets: {', '.join(specs)}")
+                     + f"; machines: {', '.join(plan.kinds)}; targets: {', '.join(specs)}")
+        for line in plan.left_out_lines(specs):
+            display.line(line)
         for target in targets:
             if target.note:
                 display.line(f"target {target.note}")
-        for target in targets:
-            for kind in kinds:
-                tick = display.task(f"{kind} x {target.spec}", max_examples)
-                run = run_one(kind, target, profile, args.seed, args.max_examples, args.steps,
-                              database, args.explain, tick)
-                if tick is not None:
-                    tick.done()
-                runs.append(run)
-                print_run(display, run)
+        for kind, target in plan.runs:
+            tick = display.task(f"{kind} x {target.spec}", max_examples)
+            run = run_one(kind, target, profile, args.seed, args.max_examples, args.steps,
+                          database, args.explain, tick)
+            if tick is not None:
+                tick.done()
+            runs.append(run)
+            print_run(display, run)
         for run in runs:
             if run.status == "FAIL":
                 print_failure(display, run)
@@ -92,7 +93,7 @@ def cmd_check(args) -> int:
             display.line(f"junit: {args.junit_xml}")
         code = exit_code(runs)
         print_summary(display, runs, targets, time.perf_counter() - started, code,
-                      database is PROFILE_DATABASE or bool(args.database))
+                      database is PROFILE_DATABASE or bool(args.database), plan)
     return code
 
 
@@ -198,21 +199,12 @@ def coverage_lines(runs: Sequence[Run]) -> list[str]:
 
 def not_checked_lines(targets: Sequence[Target]) -> list[str]:
     """What each foreign or incomplete target was not checked for, and why."""
-    from kvgate.properties.oracle import EXACT_ONLY
-    out = []
-    for t in targets:
-        parts = []
-        if t.foreign:
-            parts.append(f"{', '.join(EXACT_ONLY)} (an adapter cannot see them)")
-        if t.missing:
-            parts.append(f"no {', '.join(sorted(t.missing))} steps (the target lacks them)")
-        if parts:
-            out.append(f"not checked for {t.spec}: {'; '.join(parts)}")
-    return out
+    return [f"not checked for {t.spec}: {'; '.join(parts)}" for t in targets
+            if (parts := t.unchecked())]
 
 
 def print_summary(display: Display, runs: Sequence[Run], targets: Sequence[Target],
-                  seconds: float, code: int, with_database: bool) -> None:
+                  seconds: float, code: int, with_database: bool, plan: Plan) -> None:
     done = [r.result for r in runs if r.result is not None]
     kinds = list(dict.fromkeys(r.machine for r in runs))
     total = {k: sum(r.phases.get(k, 0) for r in done)
@@ -226,7 +218,8 @@ def print_summary(display: Display, runs: Sequence[Run], targets: Sequence[Targe
         display.line(f"note: {total['reused']} examples were replayed from the example "
                      "database (earlier failures and their neighbours); --no-database "
                      "searches afresh")
-    for line in coverage_lines(runs) + not_checked_lines(targets):
+    specs = [t.spec for t in targets]
+    for line in plan.left_out_lines(specs) + coverage_lines(runs) + not_checked_lines(targets):
         display.line(line)
     verdict = {0: "every property holds", 1: "counterexample found",
                2: "a target could not be checked"}[code]

@@ -6,7 +6,7 @@ import importlib
 
 from kvgate.properties.profiles import PROFILES
 
-from .runs import choose_profile
+from .runs import MACHINES, choose_profile
 
 TARGET_KINDS = (
     ("impl", "kvgate's manager, LRU and ARC (the default)"),
@@ -25,6 +25,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
+def machine_lines() -> list[str]:
+    """Each machine: what it drives, the targets it is for, and why it cannot run here."""
+    width = max(len(name) for name in MACHINES) + 2
+    out = ["machines (--machine; without it `kvgate check` runs every machine below that "
+           "applies to the target and can run here):"]
+    for m in MACHINES.values():
+        why = m.unavailable()
+        out.append(f"  {m.name:<{width}}{m.what}; for {m.targets}"
+                   + (f"; unavailable here: {why}" if why else ""))
+    out.append(f"  {'all':<{width}}every machine that applies (what `kvgate check` runs "
+               "without --machine; `kvgate mutants` runs manager unless told)")
+    return out
+
+
 def cmd_list(args) -> int:
     from kvgate.properties.mutants import MUTANTS
     from kvgate.properties.vllm_adapter import VLLM_MANAGER
@@ -36,11 +50,8 @@ def cmd_list(args) -> int:
         doc = mutant.doc.split(". ")[0].rstrip(".")
         pol = "" if tuple(mutant.policies) == ("lru", "arc") else f" [{', '.join(mutant.policies)}]"
         out.append(f"  {name:<30} {doc}{pol}")
-    out += ["machines (--machine):",
-            "  manager    manager vs model in lockstep, step by step (default)",
-            "  scheduler  requests through the scheduler driver, every manager call checked",
-            "  all        every machine above",
-            f"profiles (--profile): {', '.join(PROFILES)} (now: {now})"]
+    out += machine_lines()
+    out.append(f"profiles (--profile): {', '.join(PROFILES)} (now: {now})")
     try:
         importlib.import_module(VLLM_MANAGER)
         out.append("vllm: importable")

@@ -10,7 +10,7 @@ from kvgate.properties.targets import TargetError, resolve_target
 from .display import Display, use_rich
 from .options import add_run_options, check_outputs
 from .reports import write_mutants_junit
-from .runs import (KeepProfile, MutantResult, choose_profile, machines, profile_settings,
+from .runs import (KeepProfile, MutantResult, choose_profile, plan_runs, profile_settings,
                    run_one)
 
 
@@ -44,8 +44,9 @@ def cmd_mutants(args) -> int:
     if unknown:
         raise TargetError(f"unknown mutant {unknown[0]!r}; `kvgate list` names them")
     check_outputs(args, (("--junit-xml", "junit_xml"),))
-    kinds = machines(args.machine)
-    jobs = [(n, k) for n in names for k in kinds]
+    plan = plan_runs(args.machine, [resolve_target(f"mutant:{n}") for n in names])
+    kinds = plan.kinds
+    jobs = [(target.spec.split(":", 1)[1], k) for k, target in plan.runs]
     max_examples = args.max_examples or profile_settings(profile).max_examples
     started = time.perf_counter()
     call = (profile, args.seed, args.max_examples, args.steps, args.explain)

@@ -15,10 +15,13 @@ from .runs import MACHINES
 OUTPUT_FLAGS = (("--repro", "repro"), ("--history", "history"), ("--junit-xml", "junit_xml"))
 
 
-def add_run_options(p: argparse.ArgumentParser, machines_default: str) -> None:
-    p.add_argument("--machine", choices=MACHINES + ("all",), default=machines_default,
-                   help="which machine checks the target (default %(default)s; all: every "
-                        "machine)")
+def add_run_options(p: argparse.ArgumentParser, machines_default: str | None) -> None:
+    """``machines_default`` None: every machine that applies to the target."""
+    default = (machines_default or "every machine that applies to the target and can run "
+               "here; `kvgate list` says which")
+    p.add_argument("--machine", choices=(*MACHINES, "all"), default=machines_default,
+                   help=f"which machine checks the target (default: {default}; all: every "
+                        "machine that applies; manager: the quick path)")
     p.add_argument("--profile", choices=PROFILES, default=None,
                    help="Hypothesis profile (default: $HYPOTHESIS_PROFILE, else ci when $CI "
                         "is set, else dev)")

@@ -1,9 +1,13 @@
-"""One run: a machine checking one target under a profile, and what the commands read from it.
+"""The machines and one run of them: the registry of machines (``MACHINES``: how each is
+built for a target, which targets it is for, whether it can run here), the plan of which
+machine runs on which target (``plan_runs``: what ``--machine``, ``all`` and the default
+mean), and one machine checking one target under a profile (``run_one``).
 
 ``run_one`` never raises for a counterexample or a target error: both end up in the ``Run``.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -13,28 +17,162 @@ from typing import Any
 from hypothesis import Phase
 from hypothesis import settings as Settings
 
+from kvgate.properties.adapters import Target, TargetError
 from kvgate.properties.profiles import PHASES, PROFILES, default_profile
 from kvgate.properties.runner import PROFILE_DATABASE, RunResult, run_machine
-from kvgate.properties.targets import Target, TargetError, resolve_target
+from kvgate.properties.targets import resolve_target
 
 from .errors import UsageError, one_line
 
-MACHINES = ("manager", "scheduler")
+# --------------------------------------------------------------------------- the machines
+
+@dataclass(frozen=True)
+class Machine:
+    """One machine the gate can run: how to build it for a target, the targets it is for,
+    and whether it can be built here; each "no" is one line saying why."""
+
+    name: str
+    what: str  # one line for `kvgate list`
+    build: Callable[[Target], type]
+    targets: str = "every target"  # which targets it is for, in words
+    not_for: Callable[[Target], str | None] = lambda target: None
+    unavailable: Callable[[], str | None] = lambda: None
+    install: Callable[[], str] = lambda: ""  # what makes it available, when it is not
+
+
+def _manager(target: Target):
+    from kvgate.properties.manager_machine import make_machine
+    return make_machine(target)
+
+
+def _scheduler(target: Target):
+    from kvgate.properties.scheduler_machine import make_machine
+    return make_machine(target)
+
+
+VLLM_SCHEDULER_MODULE = "kvgate.properties.vllm_scheduler_machine"
+
+
+def _vllm_scheduler(target: Target):
+    return importlib.import_module(VLLM_SCHEDULER_MODULE).make_machine(target)
+
+
+def _is_vllm_target(target: Target) -> bool:
+    """A target with vLLM's interface (``vllm``, ``vllm=MODULE:ATTR``, either foreign)."""
+    return not target.kvgate_interface
+
+
+def _said(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {one_line(str(exc))}".rstrip(": ")
+
+
+def _vllm_missing() -> str | None:
+    """Why the installed vLLM cannot be used, or None."""
+    from kvgate.properties.vllm_adapter import VLLM_MANAGER
+    try:
+        importlib.import_module(VLLM_MANAGER)
+    except Exception as exc:
+        return f"vLLM is not importable ({_said(exc)})"
+    return None
+
+
+def _vllm_scheduler_unavailable() -> str | None:
+    """vLLM first (what a user must install); then the machine's module, which may not exist
+    in this tree yet (an ImportError of that very module); then what the module says."""
+    missing = _vllm_missing()
+    if missing:
+        return missing
+    try:
+        module = importlib.import_module(VLLM_SCHEDULER_MODULE)
+    except ImportError as exc:
+        if exc.name == VLLM_SCHEDULER_MODULE:
+            return f"not built in this kvgate yet: {VLLM_SCHEDULER_MODULE} does not exist"
+        return f"{VLLM_SCHEDULER_MODULE} does not import ({_said(exc)})"
+    return module.unavailable_reason()
+
+
+def _vllm_install() -> str:
+    """How to install a release (SPEC section 10), when vLLM is what is missing."""
+    from kvgate.properties.vllm_adapter import INSTALL_HINT
+    return INSTALL_HINT if _vllm_missing() else ""
+
+
+MACHINES: dict[str, Machine] = {m.name: m for m in (
+    Machine("manager", "manager vs model in lockstep, call by call (the quick path)", _manager),
+    Machine("scheduler", "requests through kvgate's scheduler driver, every manager call "
+            "checked", _scheduler),
+    Machine("vllm-scheduler", "requests through vLLM's own scheduler and offloading "
+            "connector, every manager call checked", _vllm_scheduler,
+            targets="vllm and vllm=MODULE:ATTR targets",
+            not_for=lambda t: None if _is_vllm_target(t) else
+            "it drives vLLM's own scheduler, so only vllm and vllm=MODULE:ATTR targets",
+            unavailable=_vllm_scheduler_unavailable, install=_vllm_install),
+)}
 
 
 def build_machine(kind: str, target: Target):
     """The machine class of ``kind`` checking ``target``, named as Hypothesis prints it."""
-    if kind == "manager":
-        from kvgate.properties.manager_machine import make_machine
-        return make_machine(target)
-    if kind == "scheduler":
-        from kvgate.properties.scheduler_machine import make_machine as make_scheduler_machine
-        return make_scheduler_machine(target)
-    raise UsageError(f"unknown machine {kind!r}; one of {', '.join(MACHINES)}")
+    if kind not in MACHINES:
+        raise UsageError(f"unknown machine {kind!r}; one of {', '.join(MACHINES)}")
+    return MACHINES[kind].build(target)
 
 
-def machines(choice: str) -> list[str]:
-    return list(MACHINES) if choice == "all" else [choice]
+@dataclass
+class Plan:
+    """Which machine runs on which target, and what was left out and why."""
+
+    runs: list[tuple[str, Target]]
+    left_out: list[tuple[str, str, list[str]]]  # machine, why, the target specs it concerns
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(dict.fromkeys(kind for kind, _ in self.runs))
+
+    def left_out_lines(self, all_specs: Sequence[str]) -> list[str]:
+        out = []
+        for kind, why, specs in self.left_out:
+            where = "" if list(specs) == list(all_specs) else f" for {', '.join(specs)}"
+            out.append(f"left out: {kind}{where} ({why})")
+        return out
+
+
+def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
+    """``choice`` None or ``all``: every machine that applies to each target and can be built
+    here, the rest left out with the reason. A machine named on its own must run on every
+    target: if it cannot, a ``UsageError`` (one line) before anything runs."""
+    if choice not in (None, "all"):
+        if choice not in MACHINES:
+            raise UsageError(f"unknown machine {choice!r}; one of {', '.join(MACHINES)}")
+        machine = MACHINES[choice]
+        why = machine.unavailable()
+        if why:
+            hint = machine.install()
+            raise UsageError(f"--machine {choice}: cannot run here: {why}"
+                             + (f"; {hint}" if hint and hint not in why else ""))
+        for target in targets:
+            why = machine.not_for(target)
+            if why:
+                raise UsageError(f"--machine {choice} does not apply to target "
+                                 f"{target.spec}: {why}")
+    runs = []
+    left: dict[tuple[str, str], list[str]] = {}
+    available: dict[str, str | None] = {}
+    for target in targets:
+        for m in MACHINES.values():
+            why = m.not_for(target)
+            if why is None and choice not in (None, "all", m.name):
+                why = f"--machine {choice}; without --machine every machine that applies runs"
+            if why is None:
+                if m.name not in available:  # asked once, and only where it would run
+                    available[m.name] = m.unavailable()
+                why = available[m.name] and (
+                    f"unavailable here: {available[m.name]}"
+                    + (f"; --machine {m.name} says how to install it" if m.install() else ""))
+            if why:
+                left.setdefault((m.name, why), []).append(target.spec)
+            else:
+                runs.append((m.name, target))
+    return Plan(runs, [(kind, why, specs) for (kind, why), specs in left.items()])
 
 
 def choose_profile(flag: str | None) -> str:
@@ -54,16 +192,15 @@ def profile_settings(profile: str) -> Settings:
 
 
 def resolve_targets(specs: Sequence[str]) -> list[Target]:
-    """Resolve and build each target once (a small configuration), so that a target that
-    cannot be imported, built or driven is a one-line error before any run."""
+    """Resolve each target, so that a target that cannot be imported or lacks the interface is
+    a one-line error before any run (a constructor that raises on a valid configuration is a
+    counterexample the machines report, spec section 9)."""
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # MODULE:ATTR from the current directory, as `python -m`
     targets = []
     for spec in specs:
-        target = resolve_target(spec)
-        target.make(4, target.policies[0], 2, 4)
-        targets.append(target)
+        targets.append(resolve_target(spec))
     return targets
 
 

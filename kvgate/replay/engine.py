@@ -38,10 +38,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
+from kvgate.properties.adapters import Config, TargetError
 from kvgate.properties.audit import Audit
 from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.oracle import Divergence, LockstepManager, fmt_key
-from kvgate.properties.targets import TargetError, resolve_target
+from kvgate.properties.targets import resolve_target
 
 # --------------------------------------------------------------------------- targets
 
@@ -152,18 +153,21 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     s = replace(s, policy=policy)
     if s.limit is not None:
         trace = trace[:s.limit]
-    manager = tgt.make(s.num_chunks, policy, s.store_threshold, s.max_tracker_size)
+    recency = tgt.recencies[0]
+    manager = tgt.make(Config(s.num_chunks, policy, s.store_threshold, s.max_tracker_size,
+                              True, recency))
     oracle = None
     if check:
         from kvgate.model.cache import Model
         oracle = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
-                                                s.max_tracker_size),
+                                                s.max_tracker_size, recency),
                                  foreign=getattr(tgt, "foreign", False))
         manager = oracle
     verify = s.verify or s.worker == "copy"
     if worker is None:
         worker = make_worker(s, verify)
-    audit = Audit(manager, worker, s.store_threshold, s.blocks_per_chunk, data=verify)
+    audit = Audit(manager, worker, s.store_threshold, s.blocks_per_chunk, data=verify,
+                  offers=None if oracle is None else oracle.offers)
 
     def on_step(step: int) -> None:
         audit.set_step(step)
