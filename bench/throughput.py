@@ -292,7 +292,7 @@ def default_gate(level: str = "full") -> tuple[bool, str]:
     lines = done.stdout.splitlines()
     ran = re.search(r"; machines: ([^;]*);", lines[0]).group(1) if lines else "?"
     met = done.returncode == 0 and seconds < GOAL_GATE_SECONDS
-    return met, (f"default gate on impl (`CI=true kvgate check`"
+    return met, ("default gate on impl (`CI=true kvgate check`"
                  + (f" {' '.join(cap[level])}" if cap[level] else "")
                  + f"; machines: {ran}): {seconds:.1f} s wall end to end, exit "
                  f"{done.returncode} (goal < {GOAL_GATE_SECONDS:g} s): "
