@@ -35,7 +35,8 @@ The manager's whole contract, not one scheduler's habits (spec section 2):
 - **Pressure**: offers of 1 to 4 distinct keys need several victims; pinned and pending chunks.
 - **Swarm testing** (Groce et al., ISSTA 2012) and weighted rules
   (``properties/rule_choice.py``), and ``hypothesis.target`` towards victims per offer, pinned
-  chunks and tracker push-outs.
+  chunks, tracker push-outs, and the two rarest decisions (a metadata-only removal filtered at
+  the drain, a skip of a key the request had admitted: 0.34.0's defect lives there).
 
 Coverage labels count decisions taken in a step (an eviction attempted while T1 had no idle
 victim, a key refused by a full tracker, a commit that moved a key), not states passed through.
@@ -154,15 +155,16 @@ LABELS = {
     # request-scoped recency (spec R1-R7)
     "commit at finish moved a key": lambda e: e["rule"] == "finish" and e.get("moved", False),
     "commit of keys in two groups": lambda e: e["rule"] == "finish" and e.get("groups", 0) > 1,
-    "commit of a request without positions": lambda e: e["rule"] == "finish"
-        and e.get("moved", False) and e.get("layout") == "none",
+    "commit in first-sight order (a key without a position)": lambda e: e["rule"] == "finish"
+        and e.get("moved", False) and e.get("unplaced", False),
     "first sight lifted a rank": lambda e: e.get("lifted", False),
     "reuse promoted to T2 at finish": lambda e: e["rule"] == "finish" and e.get("promoted", False),
     "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"]),
 }
 KVGATE_INTERFACE_ONLY = ("repeated key in one offer", "bad input refused")
 REQUEST_ONLY = ("commit at finish moved a key", "commit of keys in two groups",
-                "commit of a request without positions", "first sight lifted a rank",
+                "commit in first-sight order (a key without a position)",
+                "first sight lifted a rank",
                 "reuse promoted to T2 at finish")
 ARC_ONLY = ("eviction needed while T1 has no idle victim and T2 a pinned key",
             "reuse promoted to T2 at finish")
@@ -212,7 +214,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     # first rules are where shrinking goes.
     RULE_WEIGHTS = {"offer": 4, "retry": 2, "preempt_and_resume": 2, "complete_store": 2,
                     "fail_store": 1, "flush_stores": 1, "read_stats": 1, "take_events": 1,
-                    "finish": 2, "reset": 1, "load": 1, "complete_load": 1, "touch": 1,
+                    "finish": 2, "reset": 1, "load": 2, "complete_load": 1, "touch": 1,
                     "lookup": 1, "switch_manager": 1, "bad_input": 1}
     SWARM_ALWAYS = ("offer",)
 
@@ -270,6 +272,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.contexts = Contexts(self.oracles[0].new_context)
         self.unreported_reset = [False] * instances
         self.max_victims = self.max_pinned = self.pushouts = 0
+        self.rare = 0  # filtered metadata-only removals and skips of admitted keys
         self.empty = None  # kvgate-interface targets: a twin with no chunks, read with the stats
         if self.exact_interface:
             self._check_construction(config)
@@ -327,6 +330,8 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
                 hypothesis_target(float(self.max_victims), label="victims per offer")
                 hypothesis_target(float(self.max_pinned), label="pinned chunks")
                 hypothesis_target(float(self.pushouts), label="tracker push-outs")
+                hypothesis_target(float(self.rare), label="filtered removals, skips of "
+                                  "admitted keys")
 
     # --- requests and positions ---
 
@@ -415,6 +420,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         needed = got is None or victims > 0
         self.max_victims = max(self.max_victims, victims)
         self.pushouts += len(pushed)
+        self.rare += bool(newly_skipped & admitted)
         self.record(rule_name, req=repr(req), keys=[name_of(k) for k in keys], none=got is None,
                     victims=victims, pushed_out=bool(pushed),
                     refused_by_tracker=full and any(k not in tracked for k in keys),
@@ -453,9 +459,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         for oracle in self.oracles:
             oracle.on_request_finished(req.ctx)
         after = model.policy_state()
-        groups = len({GROUP_OF[name_of(k)] for k in rec.seen if k in model.resident}) \
-            if rec is not None and rec.owner is model else 0
-        facts = dict(moved=before != after, groups=groups, layout=req.layout,
+        seen = list(rec.seen) if rec is not None and rec.owner is model else []
+        facts = dict(moved=before != after, layout=req.layout,
+                     groups=len({GROUP_OF[name_of(k)] for k in seen if k in model.resident}),
+                     unplaced=any(self.oracle.position(req.ctx, k) is None for k in seen),
                      promoted=bool(t1_before & set(model.t2)))
         nxt, reused = self._new_request(req.req_id, layout, replacing=req)
         dropped = req.ctx is None
@@ -570,11 +577,15 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.oracle.touch([KEYS[n] for n in key_names], req.ctx)
         self.record("touch", keys=key_names)
 
-    @rule(req=requests, key_name=st.sampled_from(KEY_NAMES))
-    def lookup(self, req, key_name):
-        """A lookup at any point, and for a hit where it comes from (``get_load_source``)."""
+    @rule(req=requests, key_name=st.sampled_from(KEY_NAMES), resident=st.booleans())
+    def lookup(self, req, key_name, resident):
+        """A lookup at any point (``resident``: of a resident key, when there is one), and for a
+        hit where it comes from (``get_load_source``)."""
         self._begin()
         key = KEYS[key_name]
+        if resident and self.model.resident:
+            keys = sorted(self.model.resident)
+            key = keys[KEY_NAMES.index(key_name) % len(keys)]
         hit = self.oracle.lookup(key, req.ctx) == "HIT"
         if hit:
             self.oracle.get_load_source(key, req.ctx)
@@ -617,6 +628,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         filtered = any(meta and any(k in model.resident for k in keys)
                        for keys, _, meta, _, _ in model.events)
         self.oracle.take_events()
+        self.rare += filtered
         self.record("take_events", filtered=filtered)
 
     # --- bad input: a clear error and no change ---
