@@ -290,3 +290,12 @@ class NotAManager:
 
     def __init__(self, *args, **kwargs):
         pass
+
+
+class FakeStoreEventWithoutRequest(FakeManagerWithoutTouch):
+    """Its store events name no request (0.34.0's name the request whose store completed)."""
+
+    def take_events(self):
+        for event in super().take_events():
+            event.req_context = None
+            yield event

@@ -117,23 +117,25 @@ def test_replay_counts_cold_admissions_of_each_release(version, tmp_path):
 ADAPTER_PROBE = """
 import json
 from kvgate.impl.base import make_key
+from kvgate.properties.adapters import Config
 from kvgate.properties.targets import resolve_target
 target = resolve_target("vllm")
-a = target.make(2, "lru", 2, 4)
+a = target.make(Config(2, "lru", 2, 4))
 r1, r2 = a.new_context("r1"), a.new_context("r2")
 A, B, C = (make_key(n.encode()) for n in "ABC")
 first = a.prepare_store([A, B], r1)
 second = a.prepare_store([A, B], r2)
-a.complete_store(second.keys_to_store, r2, success=False)
+a.complete_store(second[0], r2, success=False)
 third = a.prepare_store([A, C], r2)
 events = a.take_events()
 print(json.dumps({
     "missing": sorted(target.missing), "note": target.note,
     "context": type(r1).__module__ + "." + type(r1).__name__,
-    "first": [list(first.keys_to_store), first.store_spec],
-    "second": [len(second.keys_to_store), len(second.store_spec)],
+    "first": [list(first[0]), first[1]],
+    "second": [len(second[0]), len(second[1])],
     "third_none": third is None,
     "events": [[len(e.keys), e.removed, e.metadata_only] for e in events],
+    "recency": target.recencies, "exact": not target.foreign,
     "lookup": str(a.lookup(A, r1)), "tracker": len(a.tracker_items()),
     "stats": sorted(a.get_stats()),
 }))
@@ -150,6 +152,7 @@ def test_the_adapter_reads_the_release_by_capability(version):
     # The failed store's metadata-only removal named A and B; A is pending again when the
     # events are drained, so only B is left in it (SPEC section 5, amended).
     assert got["events"] == [[1, True, True]], got
+    assert got["recency"] == ["request"] and got["exact"], got  # both releases: spec §4.6
     assert not got["third_none"] and got["lookup"] == "HIT_PENDING"
     assert got["tracker"] == 3  # A, B and C
     assert got["stats"] == sorted(["vllm:kv_offload_stores_skipped",

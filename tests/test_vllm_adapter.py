@@ -11,6 +11,8 @@ from kvgate.cli import main
 from kvgate.impl.base import make_key
 from kvgate.impl.manager import OffloadingManager
 from kvgate.properties.adapters import Config, TargetError
+from kvgate.properties.manager_machine import make_machine
+from kvgate.properties.runner import run_machine
 from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_adapter import resolve_vllm
 
@@ -51,7 +53,7 @@ def test_the_gate_checks_a_manager_without_touch_and_says_so(capsys):
     assert f"target {NO_TOUCH}: tests.fake_vllm.FakeManagerWithoutTouch;" in out
     assert "lacks touch (never drawn)" in out
     coverage = out.split("coverage (manager):")[1].split("\n")[0]
-    assert re.search(r"\btouch \d", coverage) is None, coverage  # no touch step was drawn
+    assert re.search(r"(: |, )touch \d", coverage) is None, coverage  # no touch step drawn
 
 
 class ImplWithoutTouch(OffloadingManager):
@@ -66,3 +68,12 @@ def test_a_native_target_lacking_touch_is_checked_without_it(capsys):
     code = main(["check", "--target", "tests.test_vllm_adapter:ImplWithoutTouch",
                  "--profile", "ci", "--max-examples", "40", "--steps", "20"])
     assert code == 0, capsys.readouterr().out
+
+
+def test_store_events_must_name_their_request_where_the_release_carries_one():
+    """Events are compared with what they carry: a release whose events have ``req_context``
+    must name the request whose store completed (the stand-in above passes with it)."""
+    machine = make_machine(resolve_vllm("vllm=tests.fake_vllm:FakeStoreEventWithoutRequest"))
+    result = run_machine(machine, "ci", max_examples=300, database=None)
+    assert not result.passed
+    assert "(event details differ)" in result.message, result.message
