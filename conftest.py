@@ -7,6 +7,7 @@ themselves. Loading the profiles also empties Hypothesis's pool of source-code c
 (``kvgate.properties.profiles``), so the examples a derandomized run draws do not depend on
 which modules a test process imported.
 """
+
 import pytest
 
 from kvgate.properties.profiles import load_profile
@@ -31,6 +32,7 @@ def pytest_runtest_makereport(item, call):
         return None
     if call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception):
         from _pytest.reports import TestReport
+
         report = TestReport.from_item_and_call(item, call)
         report.outcome = "failed"
         report.longrepr = f"a vllm test skipped where vLLM is required: {call.excinfo.value}"

@@ -21,6 +21,7 @@ the ``found`` column. The goal: a median time to the first failure under 2 secon
 
     python -m bench.bug_finding [--quick] [--seeds N] [--shrink-seeds N] [--shrink-cap S]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -102,20 +103,23 @@ def _stamped(machine_cls, stamps: list):
 def first_failure(machine_cls, seed: int, profile: str = "ci", database=None) -> FirstFailure:
     stamps: list[tuple[float, float]] = []
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = run_machine(_stamped(machine_cls, stamps), profile, seed=seed, phases=NO_SHRINK,
-                         database=database)
+    result = run_machine(
+        _stamped(machine_cls, stamps), profile, seed=seed, phases=NO_SHRINK, database=database
+    )
     if result.passed:
         end, cpu_end = stamps[-1] if stamps else (time.perf_counter(), time.process_time())
         return FirstFailure(False, end - start, cpu_end - cpu_start, result.examples, 0)
     # Without shrinking, Hypothesis runs the failing example once more for its report: the
     # failing example is the one before last.
     end, cpu_end = stamps[-2] if len(stamps) >= 2 else stamps[-1]
-    return FirstFailure(True, end - start, cpu_end - cpu_start, max(1, result.examples - 1),
-                        result.shrunk_steps)
+    return FirstFailure(
+        True, end - start, cpu_end - cpu_start, max(1, result.examples - 1), result.shrunk_steps
+    )
 
 
-def shrunk_length(machine_cls, seed: int, profile: str = "ci", cap: float | None = None,
-                  database=None) -> Shrunk:
+def shrunk_length(
+    machine_cls, seed: int, profile: str = "ci", cap: float | None = None, database=None
+) -> Shrunk:
     """Shrink the seed's failure; with the ``database`` its first-failure run saved the
     failing example in, shrinking starts from it at once instead of finding it again."""
     if database is not None:
@@ -126,8 +130,14 @@ def shrunk_length(machine_cls, seed: int, profile: str = "ci", cap: float | None
     return Shrunk(not result.passed, result.shrunk_steps, capped, result.seconds)
 
 
-def measure(names=None, seeds: int = 10, shrink_seeds: int = 3, shrink_cap: float | None = 6.0,
-            profile: str = "ci", progress=None) -> list[VariantRow]:
+def measure(
+    names=None,
+    seeds: int = 10,
+    shrink_seeds: int = 3,
+    shrink_cap: float | None = 6.0,
+    profile: str = "ci",
+    progress=None,
+) -> list[VariantRow]:
     rows = []
     for name in names or MUTANTS:
         mutant = MUTANTS[name]
@@ -141,8 +151,10 @@ def measure(names=None, seeds: int = 10, shrink_seeds: int = 3, shrink_cap: floa
             row.shrunk.append(shrunk_length(machine, seed, profile, shrink_cap, db))
         rows.append(row)
         if progress:
-            progress(f"{name}: {row.median('seconds'):.2f} s, {row.median('examples'):g} examples, "
-                     f"shrunk to {row.median_shrunk:g} steps")
+            progress(
+                f"{name}: {row.median('seconds'):.2f} s, {row.median('examples'):g} examples, "
+                f"shrunk to {row.median_shrunk:g} steps"
+            )
     return rows
 
 
@@ -150,22 +162,26 @@ def _fmt(x: float, spec: str) -> str:
     return "-" if x != x else format(x, spec)
 
 
-def table(rows: list[VariantRow], seeds: int, shrink_seeds: int,
-          shrink_cap: float | None) -> str:
+def table(rows: list[VariantRow], seeds: int, shrink_seeds: int, shrink_cap: float | None) -> str:
     cap = f", cut off at {shrink_cap:g} s: *" if shrink_cap else ""
-    out = [f"| variant | policies | found | median s to 1st failure (CPU s) "
-           f"| median examples | median failing length | median shrunk length "
-           f"(each of {shrink_seeds} seed{'s' if shrink_seeds != 1 else ''}{cap}) "
-           f"| < {GOAL_SECONDS:g} s |",
-           "|---|---|---:|---:|---:|---:|---:|:---:|"]
+    out = [
+        f"| variant | policies | found | median s to 1st failure (CPU s) "
+        f"| median examples | median failing length | median shrunk length "
+        f"(each of {shrink_seeds} seed{'s' if shrink_seeds != 1 else ''}{cap}) "
+        f"| < {GOAL_SECONDS:g} s |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|",
+    ]
     for r in rows:
-        lengths = "/".join(f"{s.length}{'*' if s.capped else ''}" if s.found else "-"
-                           for s in r.shrunk)
+        lengths = "/".join(
+            f"{s.length}{'*' if s.capped else ''}" if s.found else "-" for s in r.shrunk
+        )
         shrunk = f"{_fmt(r.median_shrunk, 'g')} ({lengths})" if r.shrunk else "-"
-        out.append(f"| {r.name} | {','.join(r.policies)} | {len(r.found)}/{len(r.first)} "
-                   f"| {_fmt(r.median('seconds'), '.2f')} ({_fmt(r.median('cpu_seconds'), '.2f')}) "
-                   f"| {_fmt(r.median('examples'), 'g')} | {_fmt(r.median('length'), 'g')} "
-                   f"| {shrunk} | {'yes' if r.meets_goal else 'NO'} |")
+        out.append(
+            f"| {r.name} | {','.join(r.policies)} | {len(r.found)}/{len(r.first)} "
+            f"| {_fmt(r.median('seconds'), '.2f')} ({_fmt(r.median('cpu_seconds'), '.2f')}) "
+            f"| {_fmt(r.median('examples'), 'g')} | {_fmt(r.median('length'), 'g')} "
+            f"| {shrunk} | {'yes' if r.meets_goal else 'NO'} |"
+        )
     return "\n".join(out)
 
 
@@ -174,11 +190,13 @@ def summary(rows: list[VariantRow]) -> tuple[bool, str]:
     times = [r.median("seconds") for r in rows]
     cpu_slow = [r.name for r in rows if not (r.median("cpu_seconds") < GOAL_SECONDS)]
     met = not slow
-    text = (f"bug finding: {len(rows) - len(slow)}/{len(rows)} variants found in a median under "
-            f"{GOAL_SECONDS:g} s (worst median {max(times):.2f} s)"
-            + ("" if met else f"; over the goal: {', '.join(slow)}")
-            + f"; in CPU time {len(rows) - len(cpu_slow)}/{len(rows)} under {GOAL_SECONDS:g} s"
-            + f": {'met' if met else 'NOT met'}")
+    text = (
+        f"bug finding: {len(rows) - len(slow)}/{len(rows)} variants found in a median under "
+        f"{GOAL_SECONDS:g} s (worst median {max(times):.2f} s)"
+        + ("" if met else f"; over the goal: {', '.join(slow)}")
+        + f"; in CPU time {len(rows) - len(cpu_slow)}/{len(rows)} under {GOAL_SECONDS:g} s"
+        + f": {'met' if met else 'NOT met'}"
+    )
     return met, text
 
 

@@ -36,6 +36,7 @@ drained and the request is finished, the same for every manager.
     python bench/manager_scaling.py           # the default run
     python bench/manager_scaling.py --quick   # fewer rounds
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,15 @@ class Side:
     """One manager and a source of fresh keys; ``offers_per_batch`` requests offer each batch.
     ``key`` makes the manager's key of a block hash, ``context`` its request context."""
 
-    def __init__(self, label: str, manager, offers_per_batch: int, num_chunks: int,
-                 key=make_key, context=ReqContext):
+    def __init__(
+        self,
+        label: str,
+        manager,
+        offers_per_batch: int,
+        num_chunks: int,
+        key=make_key,
+        context=ReqContext,
+    ):
         self.label = label
         self.m = manager
         self.offers_per_batch = offers_per_batch
@@ -155,12 +163,19 @@ def compare_many(pairs, rounds: int, batches: int) -> dict[str, dict]:
             best[id(side)] = min(best[id(side)], got[id(side)])
         for name, small, large in pairs:
             ratios[name].append(got[id(large)] / got[id(small)])
-    return {name: dict(small_label=small.label, large_label=large.label,
-                       small_us=best[id(small)] * 1e6, large_us=best[id(large)] * 1e6,
-                       small_calls=calls_per_offer(small), large_calls=calls_per_offer(large),
-                       best_ratio=best[id(large)] / best[id(small)],
-                       median_ratio=statistics.median(ratios[name]))
-            for name, small, large in pairs}
+    return {
+        name: dict(
+            small_label=small.label,
+            large_label=large.label,
+            small_us=best[id(small)] * 1e6,
+            large_us=best[id(large)] * 1e6,
+            small_calls=calls_per_offer(small),
+            large_calls=calls_per_offer(large),
+            best_ratio=best[id(large)] / best[id(small)],
+            median_ratio=statistics.median(ratios[name]),
+        )
+        for name, small, large in pairs
+    }
 
 
 def compare(title: str, small: Side, large: Side, rounds: int, batches: int) -> float:
@@ -176,8 +191,10 @@ def compare(title: str, small: Side, large: Side, rounds: int, batches: int) -> 
     ratio = statistics.median(ratios)
     print(title)
     for side in (small, large):
-        print(f"  {side.label:<34} {best[side.label] * 1e6:8.2f} us per prepare_store"
-              f"  ({calls_per_offer(side):.1f} function calls)")
+        print(
+            f"  {side.label:<34} {best[side.label] * 1e6:8.2f} us per prepare_store"
+            f"  ({calls_per_offer(side):.1f} function calls)"
+        )
     print(f"  ratio large/small, best rounds     {best[large.label] / best[small.label]:8.2f}")
     verdict = "ok" if ratio <= GOAL else f"ABOVE the goal of {GOAL}"
     print(f"  ratio large/small, median round    {ratio:8.2f}  ({verdict})")
@@ -207,30 +224,41 @@ def bare_dicts(rounds: int, batches: int) -> None:
                     order[k] = Resident(entry.chunk)
                 total += clock() - start
             best[n] = min(best[n], total / batches)
-    print(f"  floor: bare OrderedDict of entries, {best[100] * 1e6:5.2f} us and "
-          f"{best[100_000] * 1e6:5.2f} us: ratio {best[100_000] / best[100]:.2f}")
+    print(
+        f"  floor: bare OrderedDict of entries, {best[100] * 1e6:5.2f} us and "
+        f"{best[100_000] * 1e6:5.2f} us: ratio {best[100_000] / best[100]:.2f}"
+    )
 
 
 def threshold_one_sides(build=None, label: str = "", key=make_key, context=ReqContext):
     """The two sides of comparison 1, warmed; ``build(num_chunks, store_threshold,
     max_tracker_size)`` makes the manager (impl's by default)."""
     build = build or _impl
-    sides = [Side(f"{label}{n:,} chunks", build(n, 1, 64_000), 1, n, key, context)
-             for n in (100, 100_000)]
+    sides = [
+        Side(f"{label}{n:,} chunks", build(n, 1, 64_000), 1, n, key, context)
+        for n in (100, 100_000)
+    ]
     for side in sides:  # fill the cache, then one more batch so offers evict from now on
         side.warm(side.num_chunks // OFFER + 1)
         assert free_chunks(side.m) == 0
     return sides
 
 
-def threshold_two_sides(build=None, label: str = "", key=make_key, context=ReqContext,
-                        num_chunks: int = 1_000):
+def threshold_two_sides(
+    build=None, label: str = "", key=make_key, context=ReqContext, num_chunks: int = 1_000
+):
     """The two sides of comparison 2, warmed (tracker and cache full)."""
     build = build or _impl
     sides = []
     for n in (100, 64_000):
-        side = Side(f"{label}{n:,}-key tracker, {num_chunks:,} chunks",
-                    build(num_chunks, 2, n), 2, num_chunks, key, context)
+        side = Side(
+            f"{label}{n:,}-key tracker, {num_chunks:,} chunks",
+            build(num_chunks, 2, n),
+            2,
+            num_chunks,
+            key,
+            context,
+        )
         side.warm(max(n, num_chunks) // OFFER + 1)
         assert tracker_keys(side.m) == n
         assert free_chunks(side.m) == 0
@@ -239,30 +267,42 @@ def threshold_two_sides(build=None, label: str = "", key=make_key, context=ReqCo
 
 
 def _impl(num_chunks: int, store_threshold: int, max_tracker_size: int):
-    return OffloadingManager(num_chunks, store_threshold=store_threshold,
-                             max_tracker_size=max_tracker_size)
+    return OffloadingManager(
+        num_chunks, store_threshold=store_threshold, max_tracker_size=max_tracker_size
+    )
 
 
 def threshold_one(rounds: int, batches: int) -> float:
     sides = threshold_one_sides()
-    ratio = compare(f"store_threshold=1, {OFFER}-key offers of fresh keys, evicting:",
-                    *sides, rounds, batches)
+    ratio = compare(
+        f"store_threshold=1, {OFFER}-key offers of fresh keys, evicting:", *sides, rounds, batches
+    )
     bare_dicts(rounds, batches)
     return ratio
 
 
 def threshold_two(rounds: int, batches: int, num_chunks: int = 1_000) -> float:
     sides = threshold_two_sides(num_chunks=num_chunks)
-    return compare(f"store_threshold=2, each {OFFER}-key batch offered by 2 requests "
-                   f"(count, then store), evicting:", *sides, rounds, batches)
+    return compare(
+        f"store_threshold=2, each {OFFER}-key batch offered by 2 requests "
+        f"(count, then store), evicting:",
+        *sides,
+        rounds,
+        batches,
+    )
 
 
 COMPARISONS = {
-    "chunks": (threshold_one_sides, f"store_threshold=1, {OFFER}-key offers of fresh keys, "
-               "evicting: 100 vs 100,000 chunks"),
-    "tracker": (threshold_two_sides, f"store_threshold=2, each {OFFER}-key batch offered by 2 "
-                "requests (count, then store), evicting, 1,000 chunks: 100-key vs "
-                "64,000-key tracker"),
+    "chunks": (
+        threshold_one_sides,
+        f"store_threshold=1, {OFFER}-key offers of fresh keys, evicting: 100 vs 100,000 chunks",
+    ),
+    "tracker": (
+        threshold_two_sides,
+        f"store_threshold=2, each {OFFER}-key batch offered by 2 "
+        "requests (count, then store), evicting, 1,000 chunks: 100-key vs "
+        "64,000-key tracker",
+    ),
 }
 
 
@@ -271,23 +311,36 @@ def child(rounds: int, batches: int) -> int:
     interleaved, as one JSON line."""
     import kvgate.impl.manager as impl_manager
     from kvgate.properties.vllm_adapter import resolve_vllm
+
     target = resolve_vllm("vllm")
     adapter = target.adapter(target.factory(1, cache_policy="lru"))
     make = adapter.types.make_offload_key
 
     def vllm_build(num_chunks, store_threshold, max_tracker_size):
-        return target.factory(num_chunks, cache_policy="lru", store_threshold=store_threshold,
-                              max_tracker_size=max_tracker_size)
+        return target.factory(
+            num_chunks,
+            cache_policy="lru",
+            store_threshold=store_threshold,
+            max_tracker_size=max_tracker_size,
+        )
 
     results = {}
     for name, (sides_of, _) in COMPARISONS.items():
-        pairs = [("impl", *sides_of()),
-                 ("vllm", *sides_of(vllm_build, "vLLM ", lambda h: make(h, 0),
-                                    adapter.new_context))]
+        pairs = [
+            ("impl", *sides_of()),
+            ("vllm", *sides_of(vllm_build, "vLLM ", lambda h: make(h, 0), adapter.new_context)),
+        ]
         print(f"{name}: measuring", file=sys.stderr, flush=True)
         results[name] = compare_many(pairs, rounds, batches)
-    print(json.dumps({"results": results, "impl_file": impl_manager.__file__,
-                      "python": platform.python_version()}))
+    print(
+        json.dumps(
+            {
+                "results": results,
+                "impl_file": impl_manager.__file__,
+                "python": platform.python_version(),
+            }
+        )
+    )
     return 0
 
 
@@ -296,37 +349,50 @@ def vllm_table(rounds: int, batches: int, progress=None) -> tuple[str, list[floa
     environment), and every median large/small ratio in it; ("", []) with no release built."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.release_envs import envs_dir, release_pythons, run_child
+
     found, missing = release_pythons()
     if not found:
         return "", []
     runs, notes, ratios = [], [], []
     for version, python in found:
         try:
-            answer = run_child(python, "bench.manager_scaling",
-                               ["--child", "--rounds", str(rounds), "--batches", str(batches)],
-                               progress=progress)
+            answer = run_child(
+                python,
+                "bench.manager_scaling",
+                ["--child", "--rounds", str(rounds), "--batches", str(batches)],
+                progress=progress,
+            )
         except RuntimeError as exc:
             notes.append(f"vLLM {version} not measured: {exc}")
             continue
         runs.append((version, answer))
     notes += [f"vLLM {v} not measured: no environment at {envs_dir() / v}" for v in missing]
-    out = [f"Per-call µs of prepare_store, impl beside vLLM: one process per release (in its "
-           f"environment), impl and that release interleaved there; {rounds} rounds of "
-           f"{batches} batches, best round per side; ratio = large / small (median round, "
-           "best rounds in brackets); calls = function calls per prepare_store."]
+    out = [
+        f"Per-call µs of prepare_store, impl beside vLLM: one process per release (in its "
+        f"environment), impl and that release interleaved there; {rounds} rounds of "
+        f"{batches} batches, best round per side; ratio = large / small (median round, "
+        "best rounds in brackets); calls = function calls per prepare_store."
+    ]
     for name, (_, title) in COMPARISONS.items():
-        out += ["", f"{title}:", "",
-                "| manager | process | small µs | large µs | large / small | calls small | "
-                "calls large |", "|---|---|---:|---:|---:|---:|---:|"]
+        out += [
+            "",
+            f"{title}:",
+            "",
+            "| manager | process | small µs | large µs | large / small | calls small | "
+            "calls large |",
+            "|---|---|---:|---:|---:|---:|---:|",
+        ]
         for version, answer in runs:
             for who in ("impl", "vllm"):
                 r = answer["results"][name][who]
                 ratios.append(r["median_ratio"])
                 label = "impl" if who == "impl" else f"vLLM {version}"
-                out.append(f"| {label} | vLLM {version} env (python {answer['python']}) "
-                           f"| {r['small_us']:.2f} | {r['large_us']:.2f} "
-                           f"| {r['median_ratio']:.2f} ({r['best_ratio']:.2f}) "
-                           f"| {r['small_calls']:.1f} | {r['large_calls']:.1f} |")
+                out.append(
+                    f"| {label} | vLLM {version} env (python {answer['python']}) "
+                    f"| {r['small_us']:.2f} | {r['large_us']:.2f} "
+                    f"| {r['median_ratio']:.2f} ({r['best_ratio']:.2f}) "
+                    f"| {r['small_calls']:.1f} | {r['large_calls']:.1f} |"
+                )
     if notes:
         out += [""] + notes
     return "\n".join(out), ratios
@@ -338,23 +404,28 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--batches", type=int, default=500, help="batches per round")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--no-vllm", action="store_true",
-                        help="impl only: skip the release environments")
+    parser.add_argument(
+        "--no-vllm", action="store_true", help="impl only: skip the release environments"
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds or (5 if args.quick else 30)
     if args.child:  # inside a release's environment (see vllm_table)
         return child(rounds, args.batches)
-    print(f"Python {sys.version.split()[0]}, {rounds} rounds of {args.batches} batches, "
-          f"best round kept\n")
+    print(
+        f"Python {sys.version.split()[0]}, {rounds} rounds of {args.batches} batches, "
+        f"best round kept\n"
+    )
     threshold_one(rounds, args.batches)
     print()
     threshold_two(rounds, args.batches)
     if not args.no_vllm:
-        text, _ = vllm_table(rounds, args.batches,
-                             progress=lambda line: print(line, file=sys.stderr))
+        text, _ = vllm_table(
+            rounds, args.batches, progress=lambda line: print(line, file=sys.stderr)
+        )
         print()
-        print(text or "vLLM not measured: no release environment is built (see "
-              "bench/release_envs.py)")
+        print(
+            text or "vLLM not measured: no release environment is built (see bench/release_envs.py)"
+        )
     return 0
 
 

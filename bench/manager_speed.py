@@ -37,6 +37,7 @@ was actually sent, and the calls table lists them per operation.
 
     python -m bench.manager_speed [--quick] [--vllm SPEC]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,18 @@ GOAL_RATIO = 1.0
 
 # Trace opcodes.
 NEW, FINISH, LOOKUP, LOAD, DONE_LOAD, OFFER, DONE_STORE, TOUCH, EVENTS, STATS = range(10)
-OP_NAMES = ("on_new_request", "on_request_finished", "lookup", "prepare_load", "complete_load",
-            "prepare_store", "complete_store", "touch", "take_events", "get_stats")
+OP_NAMES = (
+    "on_new_request",
+    "on_request_finished",
+    "lookup",
+    "prepare_load",
+    "complete_load",
+    "prepare_store",
+    "complete_store",
+    "touch",
+    "take_events",
+    "get_stats",
+)
 
 
 @dataclass(frozen=True)
@@ -80,9 +91,11 @@ class TraceSpec:
     seed: int = 0
 
     def describe(self) -> str:
-        return (f"{self.ops:,} operations, {self.num_chunks:,} chunks, store_threshold "
-                f"{self.store_threshold}, tracker of {self.max_tracker_size:,} keys, "
-                f"{self.documents:,} Zipf({self.zipf:g}) documents, seed {self.seed}")
+        return (
+            f"{self.ops:,} operations, {self.num_chunks:,} chunks, store_threshold "
+            f"{self.store_threshold}, tracker of {self.max_tracker_size:,} keys, "
+            f"{self.documents:,} Zipf({self.zipf:g}) documents, seed {self.seed}"
+        )
 
 
 @dataclass
@@ -167,13 +180,15 @@ def generate(spec: TraceSpec = TraceSpec(), policy: str = "lru") -> Trace:
     every entry is one call for impl, and for any manager that answers the same."""
     rng = random.Random(spec.seed)
     lengths = [rng.randint(2, spec.max_length) for _ in range(spec.documents)]
-    weights = list(itertools.accumulate(1.0 / (r + 1) ** spec.zipf
-                                        for r in range(spec.documents)))
+    weights = list(itertools.accumulate(1.0 / (r + 1) ** spec.zipf for r in range(spec.documents)))
     order = list(range(spec.documents))
     rng.shuffle(order)  # popularity rank -> document
     first_key = list(itertools.accumulate(lengths, initial=0))
-    keys = [make_key(d.to_bytes(4, "big") + i.to_bytes(2, "big"))
-            for d in range(spec.documents) for i in range(lengths[d])]
+    keys = [
+        make_key(d.to_bytes(4, "big") + i.to_bytes(2, "big"))
+        for d in range(spec.documents)
+        for i in range(lengths[d])
+    ]
     contexts: list[ReqContext] = []
     effects = dict(stored=0, evicted=0, refused=0, tracker_full_at=None)
 
@@ -187,9 +202,12 @@ def generate(spec: TraceSpec = TraceSpec(), policy: str = "lru") -> Trace:
                 effects["evicted"] += len(out.evicted_keys)
             return out
 
-    manager = Counting(spec.num_chunks, cache_policy=policy,
-                       store_threshold=spec.store_threshold,
-                       max_tracker_size=spec.max_tracker_size)
+    manager = Counting(
+        spec.num_chunks,
+        cache_policy=policy,
+        store_threshold=spec.store_threshold,
+        max_tracker_size=spec.max_tracker_size,
+    )
     sim = Player(manager, keys, contexts)
 
     def pick_document() -> int:
@@ -201,8 +219,11 @@ def generate(spec: TraceSpec = TraceSpec(), policy: str = "lru") -> Trace:
     def emit(*entry) -> None:
         if sim.play(entry):
             entries.append(entry)
-            if effects["tracker_full_at"] is None and manager.tracker is not None \
-                    and len(manager.tracker.counts) >= manager.tracker.max_size:
+            if (
+                effects["tracker_full_at"] is None
+                and manager.tracker is not None
+                and len(manager.tracker.counts) >= manager.tracker.max_size
+            ):
                 effects["tracker_full_at"] = len(entries)
 
     while len(entries) < spec.ops:
@@ -218,7 +239,7 @@ def generate(spec: TraceSpec = TraceSpec(), policy: str = "lru") -> Trace:
             contexts.append(ReqContext(f"r{slot}"))
             active[slot] = [doc_keys, 0, None]
             emit(NEW, slot, None)
-            for k in doc_keys[:rng.randint(1, 4)]:
+            for k in doc_keys[: rng.randint(1, 4)]:
                 if len(entries) < spec.ops - 1:
                     emit(LOOKUP, slot, k)
             emit(LOAD, slot, None)
@@ -236,9 +257,9 @@ def generate(spec: TraceSpec = TraceSpec(), policy: str = "lru") -> Trace:
             elif roll < 0.17 and progress:  # preempted and resumed: re-offer from the start
                 emit(OFFER, slot, doc_keys[:progress])
             elif roll < 0.22 and progress:  # the prefix is hit again
-                emit(TOUCH, slot, doc_keys[:min(progress, 4)])
+                emit(TOUCH, slot, doc_keys[: min(progress, 4)])
             elif progress < len(doc_keys):
-                offer = doc_keys[progress:progress + rng.randint(1, spec.max_offer)]
+                offer = doc_keys[progress : progress + rng.randint(1, spec.max_offer)]
                 req[1], req[2] = progress + len(offer), offer
                 emit(OFFER, slot, offer)
             else:
@@ -273,9 +294,12 @@ def impl_contender(trace: Trace) -> Contender:
     spec = trace.spec
 
     def build(policy):
-        return OffloadingManager(spec.num_chunks, cache_policy=policy,
-                                 store_threshold=spec.store_threshold,
-                                 max_tracker_size=spec.max_tracker_size)
+        return OffloadingManager(
+            spec.num_chunks,
+            cache_policy=policy,
+            store_threshold=spec.store_threshold,
+            max_tracker_size=spec.max_tracker_size,
+        )
 
     return Contender("impl", build, trace.keys, ReqContext)
 
@@ -285,6 +309,7 @@ def vllm_contender(trace: Trace, spec_text: str = "vllm") -> tuple[Contender | N
     why not."""
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.vllm_adapter import resolve_vllm
+
     try:
         target = resolve_vllm(spec_text)
         # The adapter knows vLLM's key and context types; take both from it.
@@ -296,9 +321,12 @@ def vllm_contender(trace: Trace, spec_text: str = "vllm") -> tuple[Contender | N
     keys = [make(k[:-GROUP_BYTES], int.from_bytes(k[-GROUP_BYTES:], "big")) for k in trace.keys]
 
     def build(policy):
-        return target.factory(spec.num_chunks, cache_policy=policy,
-                              store_threshold=spec.store_threshold,
-                              max_tracker_size=spec.max_tracker_size)
+        return target.factory(
+            spec.num_chunks,
+            cache_policy=policy,
+            store_threshold=spec.store_threshold,
+            max_tracker_size=spec.max_tracker_size,
+        )
 
     name = "vLLM CPUOffloadingManager" if spec_text == "vllm" else spec_text
     return Contender(name, build, keys, adapter.new_context), ""
@@ -325,12 +353,22 @@ def run_once(contender: Contender, trace: Trace) -> Row:
     manager = contender.build(trace.policy)
     contexts = [contender.new_context(f"r{i}") for i in range(trace.contexts)]
     calls, seconds, per_op = replay(trace, manager, contender.keys, contexts)
-    return Row(contender.name, trace.policy, calls, seconds, per_op, effects=trace.effects,
-               has_touch=callable(getattr(manager, "touch", None)))
+    return Row(
+        contender.name,
+        trace.policy,
+        calls,
+        seconds,
+        per_op,
+        effects=trace.effects,
+        has_touch=callable(getattr(manager, "touch", None)),
+    )
 
 
-LEVELS = {"full": (TraceSpec(), 3), "quick": (TraceSpec(ops=20_000), 1),
-          "smoke": (TraceSpec(ops=2_000, documents=2_000), 1)}  # (trace, replays)
+LEVELS = {
+    "full": (TraceSpec(), 3),
+    "quick": (TraceSpec(ops=20_000), 1),
+    "smoke": (TraceSpec(ops=2_000, documents=2_000), 1),
+}  # (trace, replays)
 
 
 def measure(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"), progress=None):
@@ -340,6 +378,7 @@ def measure(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"), pr
     python (``measure_releases``); otherwise both are measured here (``measure_here``)."""
     if vllm == "vllm":
         from bench.release_envs import release_pythons
+
         found, missing = release_pythons()
         if found:
             return measure_releases(level, found, missing, policies, progress)
@@ -349,15 +388,19 @@ def measure(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"), pr
 def measure_releases(level, found, missing, policies=("lru", "arc"), progress=None):
     """Each release's rows, measured by a child in its environment (see ``child``)."""
     from bench.release_envs import run_child
+
     spec = LEVELS[level][0]
     rows, why = [], []
     for version, python in found:
         if progress:
             progress(f"vLLM {version}: measuring in {python}")
         try:
-            answer = run_child(python, "bench.manager_speed",
-                               ["--child", level, "--policies", ",".join(policies)],
-                               progress=progress)
+            answer = run_child(
+                python,
+                "bench.manager_speed",
+                ["--child", level, "--policies", ",".join(policies)],
+                progress=progress,
+            )
         except RuntimeError as exc:
             why.append(f"vLLM {version}: {exc}")
             continue
@@ -375,6 +418,7 @@ def measure_releases(level, found, missing, policies=("lru", "arc"), progress=No
 
 def python_dir(version: str) -> str:
     from bench.release_envs import envs_dir
+
     return str(envs_dir() / version)
 
 
@@ -387,14 +431,20 @@ def child(level: str, policies: list[str]) -> int:
         print(line, file=sys.stderr, flush=True)
 
     _, rows, why = measure_here(level, "vllm", policies, progress)
-    print(json.dumps({"rows": [dataclasses.asdict(r) for r in rows], "why": why,
-                      "impl_file": impl_manager.__file__,
-                      "python": platform.python_version()}))
+    print(
+        json.dumps(
+            {
+                "rows": [dataclasses.asdict(r) for r in rows],
+                "why": why,
+                "impl_file": impl_manager.__file__,
+                "python": platform.python_version(),
+            }
+        )
+    )
     return 0
 
 
-def measure_here(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"),
-                 progress=None):
+def measure_here(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"), progress=None):
     """``measure`` in this process: vLLM imported here, or ``vllm=MODULE:ATTR``."""
     spec, repeats = LEVELS[level]
     rows, why = [], ""
@@ -410,58 +460,77 @@ def measure_here(level: str = "full", vllm: str = "vllm", policies=("lru", "arc"
                 try:
                     row = run_once(c, trace)
                 except Exception as exc:  # a manager without this policy, say
-                    best[c.name] = Row(c.name, policy, 0, 0.0, {},
-                                       f"{type(exc).__name__}: {exc}")
+                    best[c.name] = Row(c.name, policy, 0, 0.0, {}, f"{type(exc).__name__}: {exc}")
                     break
                 if c.name not in best or row.seconds < best[c.name].seconds:
                     best[c.name] = row
         for row in best.values():
             rows.append(row)
             if progress:
-                progress(f"{row.manager} {policy}: {row.ops_per_s:,.0f} ops/s"
-                         + (f" ({row.error})" if row.error else ""))
+                progress(
+                    f"{row.manager} {policy}: {row.ops_per_s:,.0f} ops/s"
+                    + (f" ({row.error})" if row.error else "")
+                )
     return spec, rows, why
 
 
 def _impl_of(rows: list[Row], r: Row) -> Row | None:
     """The impl row measured beside ``r``: same policy, same process."""
-    return next((x for x in rows if x.policy == r.policy and x.env == r.env
-                 and x.manager == "impl"), None)
+    return next(
+        (x for x in rows if x.policy == r.policy and x.env == r.env and x.manager == "impl"), None
+    )
 
 
 def table(spec: TraceSpec, rows: list[Row], why: str) -> str:
     envs = any(r.env for r in rows)
-    out = [f"Trace: {spec.describe()}; one trace per policy, written while impl plays it; "
-           "best of the replays."
-           + (" Each release's rows come from one process in that release's environment "
-              "(vLLM and impl interleaved there); impl / this compares the two." if envs
-              else ""), "",
-           "| manager | policy | run in | calls | touch calls | seconds | ops/s | impl / this |",
-           "|---|---|---|---:|---:|---:|---:|---:|"]
+    out = [
+        f"Trace: {spec.describe()}; one trace per policy, written while impl plays it; "
+        "best of the replays."
+        + (
+            " Each release's rows come from one process in that release's environment "
+            "(vLLM and impl interleaved there); impl / this compares the two."
+            if envs
+            else ""
+        ),
+        "",
+        "| manager | policy | run in | calls | touch calls | seconds | ops/s | impl / this |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         impl = _impl_of(rows, r)
         where = r.env or "this process"
         if r.error:
-            out.append(f"| {r.manager} | {r.policy} | {where} | - | - | - | - "
-                       f"| failed: {r.error} |")
+            out.append(
+                f"| {r.manager} | {r.policy} | {where} | - | - | - | - | failed: {r.error} |"
+            )
             continue
         ratio = "-" if r is impl or impl is None else f"{impl.ops_per_s / r.ops_per_s:.2f}"
         touch = f"{r.per_op.get('touch', 0):,}" if r.has_touch else "none (no touch)"
-        out.append(f"| {r.manager} | {r.policy} | {where} | {r.calls:,} | {touch} "
-                   f"| {r.seconds:.3f} | {r.ops_per_s:,.0f} | {ratio} |")
+        out.append(
+            f"| {r.manager} | {r.policy} | {where} | {r.calls:,} | {touch} "
+            f"| {r.seconds:.3f} | {r.ops_per_s:,.0f} | {ratio} |"
+        )
     if any(not r.has_touch for r in rows):
-        out += ["", "A manager without touch is not sent the trace's touch entries: its trace "
-                "makes no touch calls, its recency is learnt from the other calls, and its "
-                "ops/s divides the calls it was sent."]
+        out += [
+            "",
+            "A manager without touch is not sent the trace's touch entries: its trace "
+            "makes no touch calls, its recency is learnt from the other calls, and its "
+            "ops/s divides the calls it was sent.",
+        ]
     done = [r for r in rows if not r.error]
     if done:
-        out += ["", "Calls made, per operation:", "",
-                "| manager | policy | run in | " + " | ".join(OP_NAMES) + " |",
-                "|---|---|---|" + "---:|" * len(OP_NAMES)]
+        out += [
+            "",
+            "Calls made, per operation:",
+            "",
+            "| manager | policy | run in | " + " | ".join(OP_NAMES) + " |",
+            "|---|---|---|" + "---:|" * len(OP_NAMES),
+        ]
         for r in done:
             where = r.env or "this process"
-            cells = " | ".join(f"{r.per_op.get(n, 0):,}" if n != "touch" or r.has_touch
-                               else "-" for n in OP_NAMES)
+            cells = " | ".join(
+                f"{r.per_op.get(n, 0):,}" if n != "touch" or r.has_touch else "-" for n in OP_NAMES
+            )
             out.append(f"| {r.manager} | {r.policy} | {where} | {cells} |")
     out.append("")
     seen = set()
@@ -469,11 +538,16 @@ def table(spec: TraceSpec, rows: list[Row], why: str) -> str:
         e = r.effects
         if r.manager == "impl" and e and r.policy not in seen:
             seen.add(r.policy)
-            full = (f"full from operation {e['tracker_full_at']:,}" if e["tracker_full_at"]
-                    else "never full")
-            out.append(f"The {r.policy} trace on impl: {e['stored']:,} keys stored, "
-                       f"{e['evicted']:,} evicted, {e['refused']:,} offers refused (None); "
-                       f"tracker {full}; {e['free_chunks_at_end']:,} chunks free at the end.")
+            full = (
+                f"full from operation {e['tracker_full_at']:,}"
+                if e["tracker_full_at"]
+                else "never full"
+            )
+            out.append(
+                f"The {r.policy} trace on impl: {e['stored']:,} keys stored, "
+                f"{e['evicted']:,} evicted, {e['refused']:,} offers refused (None); "
+                f"tracker {full}; {e['free_chunks_at_end']:,} chunks free at the end."
+            )
     if why:
         out += ["", f"vLLM not measured: {why}"]
     return "\n".join(out)
@@ -486,11 +560,15 @@ def goal(rows: list[Row]) -> tuple[bool | None, str]:
         if r is not impl and impl is not None and not r.error:
             ratios.append(impl.ops_per_s / r.ops_per_s if r.ops_per_s else float("inf"))
     if not ratios:
-        return None, ("manager speed: vLLM is not importable here, so the ratio (goal >= "
-                      f"{GOAL_RATIO:g}) is not measured")
+        return None, (
+            "manager speed: vLLM is not importable here, so the ratio (goal >= "
+            f"{GOAL_RATIO:g}) is not measured"
+        )
     met = min(ratios) >= GOAL_RATIO
-    return met, (f"manager speed: impl / vLLM ops/s {min(ratios):.2f} at worst (goal >= "
-                 f"{GOAL_RATIO:g}): {'met' if met else 'NOT met'}")
+    return met, (
+        f"manager speed: impl / vLLM ops/s {min(ratios):.2f} at worst (goal >= "
+        f"{GOAL_RATIO:g}): {'met' if met else 'NOT met'}"
+    )
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,7 @@ imported, and ``run_child`` refuses an answer from another tree.
 
 A child prints one JSON object as its last line of stdout; its progress goes to stderr.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,16 +46,26 @@ def release_pythons() -> tuple[list[tuple[str, Path]], list[str]]:
     return found, missing
 
 
-def run_child(python: Path, module: str, argv: list[str], timeout: int = 1800,
-              progress=None) -> dict:
+def run_child(
+    python: Path, module: str, argv: list[str], timeout: int = 1800, progress=None
+) -> dict:
     """``module`` run as ``__main__`` with ``argv`` in ``python``, importing this tree's
     kvgate; its last stdout line, parsed. Raises ``RuntimeError`` with the child's stderr tail
     when it fails or imported another tree's kvgate."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV", "PYTHONPATH"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV", "PYTHONPATH"))
+    }
     code = BOOT.format(root=str(ROOT), module=module, argv=list(argv))
-    proc = subprocess.Popen([str(python), "-c", code], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(python), "-c", code],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -69,6 +80,7 @@ def run_child(python: Path, module: str, argv: list[str], timeout: int = 1800,
     answer = json.loads(out.strip().splitlines()[-1])
     impl_file = answer.get("impl_file", "")
     if not str(impl_file).startswith(str(ROOT) + os.sep):
-        raise RuntimeError(f"{python}: the child imported kvgate.impl from {impl_file!r}, "
-                           f"not from {ROOT}")
+        raise RuntimeError(
+            f"{python}: the child imported kvgate.impl from {impl_file!r}, not from {ROOT}"
+        )
     return answer

@@ -6,6 +6,7 @@ Prints the whole trace's replay on impl (no check) in requests and steps per sec
 the trace's first N requests, the replay with and without ``--check`` and their ratio.
 Nothing is asserted: timings belong here, not in tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvgate.impl.traces import load_trace
 from kvgate.replay import ReplaySettings, replay
 
-DEFAULT_TRACE = (Path(__file__).resolve().parents[2]
-                 / "shared/data/mooncake/conversation_trace.jsonl")
+DEFAULT_TRACE = (
+    Path(__file__).resolve().parents[2] / "shared/data/mooncake/conversation_trace.jsonl"
+)
 
 
 def main() -> int:
@@ -33,18 +35,22 @@ def main() -> int:
     t = time.perf_counter()
     whole = replay(trace, "impl", settings)
     whole_s = time.perf_counter() - t
-    print(f"whole trace: {whole.requests:,} requests, {whole.steps:,} steps in {whole_s:.1f} s "
-          f"({whole.requests / whole_s:,.0f} requests/s, {whole.steps / whole_s:,.0f} steps/s)")
+    print(
+        f"whole trace: {whole.requests:,} requests, {whole.steps:,} steps in {whole_s:.1f} s "
+        f"({whole.requests / whole_s:,.0f} requests/s, {whole.steps / whole_s:,.0f} steps/s)"
+    )
 
-    head = trace[:args.check_limit]
+    head = trace[: args.check_limit]
     t = time.perf_counter()
     replay(head, "impl", settings)
     plain_s = time.perf_counter() - t
     t = time.perf_counter()
     checked = replay(head, "impl", settings, check=True)
     checked_s = time.perf_counter() - t
-    print(f"first {len(head):,} requests: {plain_s:.1f} s plain, {checked_s:.1f} s with --check "
-          f"(x{checked_s / plain_s:.1f}); divergence: {checked.divergence or 'none'}")
+    print(
+        f"first {len(head):,} requests: {plain_s:.1f} s plain, {checked_s:.1f} s with --check "
+        f"(x{checked_s / plain_s:.1f}); divergence: {checked.divergence or 'none'}"
+    )
     return 0
 
 

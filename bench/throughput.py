@@ -19,6 +19,7 @@ process (impl, both policies, every machine that applies; goal under 40 s).
 
     python -m bench.throughput [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,6 +112,7 @@ def timed_machine(base: type, watch: Stopwatch, install, model_methods=()) -> ty
             if after is not None:
                 after(machine)
             return result
+
         return timed
 
     def model_method(name):
@@ -119,6 +121,7 @@ def timed_machine(base: type, watch: Stopwatch, install, model_methods=()) -> ty
         @functools.wraps(parent)
         def method(self, *args, **kwargs):
             return watch.call("model", parent, self, *args, **kwargs)
+
         return method
 
     class TimedMachine(base):
@@ -131,9 +134,11 @@ def timed_machine(base: type, watch: Stopwatch, install, model_methods=()) -> ty
             state = super().setup_state()
             cache[cls] = type(state)(
                 rules=[replace(r, function=glue(r.function)) for r in state.rules],
-                initializers=[replace(r, function=glue(r.function, install))
-                              for r in state.initializers],
-                invariants=[replace(i, function=glue(i.function)) for i in state.invariants])
+                initializers=[
+                    replace(r, function=glue(r.function, install)) for r in state.initializers
+                ],
+                invariants=[replace(i, function=glue(i.function)) for i in state.invariants],
+            )
             return cache[cls]
 
     for name in model_methods:
@@ -145,6 +150,7 @@ def timed_machine(base: type, watch: Stopwatch, install, model_methods=()) -> ty
 
 
 # --------------------------------------------------------------------------- the machines
+
 
 def manager_machine(spec: str, watch: Stopwatch | None):
     base = make_machine(resolve_target(spec))
@@ -189,6 +195,7 @@ WORKER_MODEL_METHODS = ("touched", "choose", "slots_of")
 
 def worker_machine(watch: Stopwatch | None):
     from kvgate.properties.worker_machine import OffloadWorkerMachine as base
+
     if watch is None:
         return base
 
@@ -208,8 +215,12 @@ MACHINES = {
 }
 # Examples per run, by level (the ci profile itself runs 600).
 LEVELS = ("full", "quick", "smoke")
-EXAMPLES = {"manager vs model, impl:lru": (300, 40, 3), "manager vs model, impl:arc": (300, 40, 3),
-            "scheduler machine, impl": (150, 20, 3), "worker machine, impl": (60, 10, 3)}
+EXAMPLES = {
+    "manager vs model, impl:lru": (300, 40, 3),
+    "manager vs model, impl:arc": (300, 40, 3),
+    "scheduler machine, impl": (150, 20, 3),
+    "worker machine, impl": (60, 10, 3),
+}
 
 
 @dataclass
@@ -247,27 +258,44 @@ def measure(level: str = "full", profile: str = "ci", progress=None) -> list[Row
         timed = run_machine(build(watch), profile, max_examples=n)
         split = dict(watch.totals)
         split[HYPOTHESIS] = timed.seconds - sum(watch.totals.values())
-        rows.append(Row(name, plain.examples, plain.steps, plain.seconds, timed.seconds, split,
-                        plain.passed and timed.passed and plain.steps == timed.steps, cpu))
+        rows.append(
+            Row(
+                name,
+                plain.examples,
+                plain.steps,
+                plain.seconds,
+                timed.seconds,
+                split,
+                plain.passed and timed.passed and plain.steps == timed.steps,
+                cpu,
+            )
+        )
         if progress:
             progress(f"{name}: {plain.steps / plain.seconds:,.0f} steps/s")
     return rows
 
 
 def table(rows: list[Row]) -> str:
-    out = ["| machine (impl) | examples | steps | seconds | steps/s | steps/s (CPU) | model "
-           "| target | machine glue | Hypothesis | notes |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    out = [
+        "| machine (impl) | examples | steps | seconds | steps/s | steps/s (CPU) | model "
+        "| target | machine glue | Hypothesis | notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
-        notes = [f"{k} {v / r.timed_seconds:.0%}" for k, v in r.split.items()
-                 if ": " in k or k == LOCKSTEP]
+        notes = [
+            f"{k} {v / r.timed_seconds:.0%}"
+            for k, v in r.split.items()
+            if ": " in k or k == LOCKSTEP
+        ]
         notes.append(f"timed run {r.timed_seconds / r.seconds:.2f}x as long")
         glue = r.share(GLUE) + r.share(LOCKSTEP)
-        out.append(f"| {r.machine}{'' if r.passed else ' (FAILED)'} | {r.examples} | {r.steps} "
-                   f"| {r.seconds:.2f} | {r.steps_per_s:,.0f} | {r.cpu_steps_per_s:,.0f} "
-                   f"| {r.share('model'):.0%} "
-                   f"| {r.share('target'):.0%} | {glue:.0%} | {r.share(HYPOTHESIS):.0%} "
-                   f"| {'; '.join(notes)} |")
+        out.append(
+            f"| {r.machine}{'' if r.passed else ' (FAILED)'} | {r.examples} | {r.steps} "
+            f"| {r.seconds:.2f} | {r.steps_per_s:,.0f} | {r.cpu_steps_per_s:,.0f} "
+            f"| {r.share('model'):.0%} "
+            f"| {r.share('target'):.0%} | {glue:.0%} | {r.share(HYPOTHESIS):.0%} "
+            f"| {'; '.join(notes)} |"
+        )
     return "\n".join(out)
 
 
@@ -276,9 +304,11 @@ def goal(rows: list[Row]) -> tuple[bool, str]:
     worst = min(r.steps_per_s for r in managers)
     worst_cpu = min(r.cpu_steps_per_s for r in managers)
     met = worst >= GOAL_STEPS_PER_S and all(r.passed for r in managers)
-    return met, (f"manager-vs-model machine on impl: {worst:,.0f} steps/s at the slower policy "
-                 f"(goal >= {GOAL_STEPS_PER_S:,.0f}): {'met' if met else 'NOT met'}; per second "
-                 f"of CPU time {worst_cpu:,.0f} steps")
+    return met, (
+        f"manager-vs-model machine on impl: {worst:,.0f} steps/s at the slower policy "
+        f"(goal >= {GOAL_STEPS_PER_S:,.0f}): {'met' if met else 'NOT met'}; per second "
+        f"of CPU time {worst_cpu:,.0f} steps"
+    )
 
 
 def default_gate(level: str = "full") -> tuple[bool, str]:
@@ -286,17 +316,22 @@ def default_gate(level: str = "full") -> tuple[bool, str]:
     start and every import included). Shorter levels cap the examples per run, and say so."""
     cap = {"full": [], "quick": ["--max-examples", "100"], "smoke": ["--max-examples", "5"]}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "kvgate", "check", *cap[level]],
-                          env={**os.environ, "CI": "true"}, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvgate", "check", *cap[level]],
+        env={**os.environ, "CI": "true"},
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - started
     lines = done.stdout.splitlines()
     ran = re.search(r"; machines: ([^;]*);", lines[0]).group(1) if lines else "?"
     met = done.returncode == 0 and seconds < GOAL_GATE_SECONDS
-    return met, ("default gate on impl (`CI=true kvgate check`"
-                 + (f" {' '.join(cap[level])}" if cap[level] else "")
-                 + f"; machines: {ran}): {seconds:.1f} s wall end to end, exit "
-                 f"{done.returncode} (goal < {GOAL_GATE_SECONDS:g} s): "
-                 + ("met" if met else "NOT met"))
+    return met, (
+        "default gate on impl (`CI=true kvgate check`"
+        + (f" {' '.join(cap[level])}" if cap[level] else "")
+        + f"; machines: {ran}): {seconds:.1f} s wall end to end, exit "
+        f"{done.returncode} (goal < {GOAL_GATE_SECONDS:g} s): " + ("met" if met else "NOT met")
+    )
 
 
 def main(argv=None) -> int:

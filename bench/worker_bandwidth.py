@@ -27,6 +27,7 @@ both measured in this run. The goal (>= 0.9) is judged on the copy alone.
     python bench/worker_bandwidth.py --quick    # fewer rounds
     python bench/worker_bandwidth.py --device cuda   # pinned CPU tier, non-blocking copies
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,12 @@ CASES = [
     ("4 x 4 KiB", [(4 * KIB, 0)] * 4, 64, 1),
     ("4 x 32 KiB", [(32 * KIB, 0)] * 4, 32, 1),
     ("4 x 256 KiB", [(256 * KIB, 0)] * 4, 8, 1),
-    ("hybrid 6 layers, bpc 4", [(32 * KIB, 0)] * 3 + [(16 * KIB, 0), (16 * KIB, 16 * KIB),
-                                                      (4 * KIB, 0)], 32, 4),
+    (
+        "hybrid 6 layers, bpc 4",
+        [(32 * KIB, 0)] * 3 + [(16 * KIB, 0), (16 * KIB, 16 * KIB), (4 * KIB, 0)],
+        32,
+        4,
+    ),
 ]
 NUM_BLOCKS, NUM_CHUNKS = 512, 256
 
@@ -107,9 +112,9 @@ def plain_candidates(srcs, dsts, src_ids, dst_ids, nb: bool) -> dict:
     def index_ops():
         for src, dst, buf in zip(srcs, dsts, bufs):
             if s_run:
-                dst.index_copy_(0, d_idx, src[s0:s0 + n])
-            elif d_run and dst[d0:d0 + n].is_contiguous():
-                torch.index_select(src, 0, s_idx, out=dst[d0:d0 + n])
+                dst.index_copy_(0, d_idx, src[s0 : s0 + n])
+            elif d_run and dst[d0 : d0 + n].is_contiguous():
+                torch.index_select(src, 0, s_idx, out=dst[d0 : d0 + n])
             else:
                 torch.index_select(src, 0, s_idx, out=buf)
                 dst.index_copy_(0, d_idx, buf)
@@ -133,15 +138,28 @@ def plain_candidates(srcs, dsts, src_ids, dst_ids, nb: bool) -> dict:
     def run_slices():  # the runs are found outside the timing, the slices are taken inside
         for src, dst in zip(srcs, dsts):
             for s, d, k in runs:
-                dst[d:d + k].copy_(src[s:s + k], non_blocking=nb)
+                dst[d : d + k].copy_(src[s : s + k], non_blocking=nb)
 
-    return {"index ops": index_ops, "dst[ids] = src[ids2]": advanced_indexing,
-            "_foreach_copy_ rows": foreach_rows, "per-row copy_": per_row,
-            "runs as slices": run_slices}
+    return {
+        "index ops": index_ops,
+        "dst[ids] = src[ids2]": advanced_indexing,
+        "_foreach_copy_ rows": foreach_rows,
+        "per-row copy_": per_row,
+        "runs as slices": run_slices,
+    }
 
 
-def scenario(kind: str, pattern: str, pages, job_blocks: int, bpc: int, device,
-             rounds: int, reps: int, rng: random.Random) -> dict:
+def scenario(
+    kind: str,
+    pattern: str,
+    pages,
+    job_blocks: int,
+    bpc: int,
+    device,
+    rounds: int,
+    reps: int,
+    rng: random.Random,
+) -> dict:
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     worker = OffloadWorker(make_layers(NUM_BLOCKS, pages, device), NUM_CHUNKS, bpc)
@@ -160,8 +178,10 @@ def scenario(kind: str, pattern: str, pages, job_blocks: int, bpc: int, device,
         worker.get_finished()
 
     gpu_words = [g.view(torch.int64) for g in worker.gpu_pages]
-    cpu_words = [c.view(NUM_CHUNKS * bpc, p).view(torch.int64)
-                 for c, p in zip(worker.cpu_tensors, worker.page_bytes)]
+    cpu_words = [
+        c.view(NUM_CHUNKS * bpc, p).view(torch.int64)
+        for c, p in zip(worker.cpu_tensors, worker.page_bytes)
+    ]
     if kind == STORE:
         srcs, dsts, src_ids, dst_ids = gpu_words, cpu_words, blocks, slots
     else:
@@ -195,8 +215,10 @@ def scenario(kind: str, pattern: str, pages, job_blocks: int, bpc: int, device,
             sync()
         except (RuntimeError, TypeError, NotImplementedError):
             continue
-        if all(torch.equal(d[torch.tensor(dst_ids, device=d.device)].cpu(), e)
-               for d, e in zip(dsts, expect)):
+        if all(
+            torch.equal(d[torch.tensor(dst_ids, device=d.device)].cpu(), e)
+            for d, e in zip(dsts, expect)
+        ):
             checked[name] = fn
     assert "worker, copy alone" in checked, "the worker copied wrong bytes"
     flat_src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=srcs[0].device)
@@ -205,8 +227,11 @@ def scenario(kind: str, pattern: str, pages, job_blocks: int, bpc: int, device,
         flat_src = flat_src.pin_memory()
     if cuda and flat_dst.device.type == "cpu":
         flat_dst = flat_dst.pin_memory()
-    fns = {**checked, "worker, whole call": whole_call,
-           "memory bound": lambda: flat_dst.copy_(flat_src, non_blocking=cuda)}
+    fns = {
+        **checked,
+        "worker, whole call": whole_call,
+        "memory bound": lambda: flat_dst.copy_(flat_src, non_blocking=cuda),
+    }
     t = median_times(fns, rounds, reps, sync)
     gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
     best = max((k for k in checked if not k.startswith("worker")), key=gbs.get)
@@ -223,27 +248,41 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--smoke", action="store_true", help="the fewest rounds (a test that it runs)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: on a shared two-core machine a second "
-                         "thread stalls copies at random; 0: torch's own count)")
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                    help="where the 'GPU' tensors live (cuda: pinned CPU tier, non-blocking)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared two-core machine a second "
+        "thread stalls copies at random; 0: torch's own count)",
+    )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the 'GPU' tensors live (cuda: pinned CPU tier, non-blocking)",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("CUDA: not available here (torch.cuda.is_available() is False); the CUDA table "
-              "(pinned CPU tier, non-blocking copies) was not run")
+        print(
+            "CUDA: not available here (torch.cuda.is_available() is False); the CUDA table "
+            "(pinned CPU tier, non-blocking copies) was not run"
+        )
         return 0
     device = torch.device(args.device)
     rounds, reps = (3, 1) if args.smoke else (15, 3) if args.quick else (41, 5)
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}; "
-          f"{NUM_BLOCKS} blocks, {NUM_CHUNKS} chunks; GB/s from the median of {rounds} rounds "
-          f"of {reps} calls; ratios are the worker's copy alone / the column")
-    head = ("| case | dir | ids | MiB | worker copy alone | worker whole call | fastest plain "
-            "(which) | memory bound | alone / plain | whole / plain | alone / bound |")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}; "
+        f"{NUM_BLOCKS} blocks, {NUM_CHUNKS} chunks; GB/s from the median of {rounds} rounds "
+        f"of {reps} calls; ratios are the worker's copy alone / the column"
+    )
+    head = (
+        "| case | dir | ids | MiB | worker copy alone | worker whole call | fastest plain "
+        "(which) | memory bound | alone / plain | whole / plain | alone / bound |"
+    )
     print(head)
     print("|" + "---|" * 3 + "---:|" * 8)
     ratios = []
@@ -254,16 +293,22 @@ def main(argv=None) -> int:
                 g = r["gbs"]
                 alone, whole, plain = g["worker, copy alone"], g["worker, whole call"], g[r["best"]]
                 ratios.append(alone / plain)
-                print(f"| {label} | {kind} | {pattern} | {r['bytes'] / 2**20:.2f} | {alone:.1f} | "
-                      f"{whole:.1f} | {plain:.1f} ({r['best']}) | {g['memory bound']:.1f} | "
-                      f"{alone / plain:.2f} | {whole / plain:.2f} | "
-                      f"{alone / g['memory bound']:.2f} |")
+                print(
+                    f"| {label} | {kind} | {pattern} | {r['bytes'] / 2**20:.2f} | {alone:.1f} | "
+                    f"{whole:.1f} | {plain:.1f} ({r['best']}) | {g['memory bound']:.1f} | "
+                    f"{alone / plain:.2f} | {whole / plain:.2f} | "
+                    f"{alone / g['memory bound']:.2f} |"
+                )
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    print(f"worker / fastest plain copy (copy alone): min {min(ratios):.2f}, geometric mean "
-          f"{geo:.2f} (goal >= {GOAL})")
+    print(
+        f"worker / fastest plain copy (copy alone): min {min(ratios):.2f}, geometric mean "
+        f"{geo:.2f} (goal >= {GOAL})"
+    )
     if device.type == "cpu" and not torch.cuda.is_available():
-        print("CUDA: not available here; the CUDA table (--device cuda: pinned CPU tier, "
-              "non-blocking copies) was not run")
+        print(
+            "CUDA: not available here; the CUDA table (--device cuda: pinned CPU tier, "
+            "non-blocking copies) was not run"
+        )
     return 0
 
 

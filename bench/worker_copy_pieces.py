@@ -6,6 +6,7 @@ batch after one untimed call; microseconds per call. For the cases where
 
     python bench/worker_copy_pieces.py
 """
+
 from __future__ import annotations
 
 import random
@@ -22,8 +23,10 @@ from kvgate.impl.worker import OffloadWorker, _Job, _long_runs, _picker
 
 def case(page: int, n: int, layers: int, pattern: str) -> str:
     rng = random.Random(0)
-    tensors = [torch.randint(0, 100, (512, page // 2), dtype=torch.int16).view(torch.bfloat16)
-               for _ in range(layers)]
+    tensors = [
+        torch.randint(0, 100, (512, page // 2), dtype=torch.int16).view(torch.bfloat16)
+        for _ in range(layers)
+    ]
     w = OffloadWorker(tensors, 256, 1)
     if pattern == "scattered":
         blocks, chunks = rng.sample(range(512), n), rng.sample(range(256), n)
@@ -45,18 +48,22 @@ def case(page: int, n: int, layers: int, pattern: str) -> str:
 
     def slices():
         for g, c in zip(w._gpu_words, w._cpu_words):
-            g[10:10 + n], c[50:50 + n]
+            g[10 : 10 + n], c[50 : 50 + n]
 
     def slice_copies():
         for g, c in zip(w._gpu_words, w._cpu_words):
-            c[50:50 + n].copy_(g[10:10 + n])
+            c[50 : 50 + n].copy_(g[10 : 10 + n])
 
-    fns = {"worker copy alone": lambda: w._copy_cpu(job),
-           "run scan": lambda: _long_runs(blocks, chunks)}
+    fns = {
+        "worker copy alone": lambda: w._copy_cpu(job),
+        "run scan": lambda: _long_runs(blocks, chunks),
+    }
     if pattern == "scattered":
-        fns |= {"view lists": view_lists,
-                "foreach, precomputed views": lambda: torch._foreach_copy_(pre_dst, pre_src),
-                "foreach, fresh views (plain)": lambda: torch._foreach_copy_(fresh_dst, fresh_src)}
+        fns |= {
+            "view lists": view_lists,
+            "foreach, precomputed views": lambda: torch._foreach_copy_(pre_dst, pre_src),
+            "foreach, fresh views (plain)": lambda: torch._foreach_copy_(fresh_dst, fresh_src),
+        }
     else:
         fns |= {"taking 2 slices per layer": slices, "slice copy_ loop (plain)": slice_copies}
     res = {k: [] for k in fns}
@@ -69,12 +76,16 @@ def case(page: int, n: int, layers: int, pattern: str) -> str:
             for _ in range(10):
                 fns[k]()
             res[k].append((time.perf_counter() - start) / 10 * 1e6)
-    return (f"{layers} x {page // 1024} KiB x {n} {pattern}: "
-            + ", ".join(f"{k} {statistics.median(v):.1f} us" for k, v in res.items()))
+    return f"{layers} x {page // 1024} KiB x {n} {pattern}: " + ", ".join(
+        f"{k} {statistics.median(v):.1f} us" for k, v in res.items()
+    )
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for args in ((4096, 64, 4, "contiguous"), (4096, 64, 4, "scattered"),
-                 (32768, 32, 4, "scattered")):
+    for args in (
+        (4096, 64, 4, "contiguous"),
+        (4096, 64, 4, "scattered"),
+        (32768, 32, 4, "scattered"),
+    ):
         print(case(*args))

@@ -9,6 +9,7 @@ plain-Python script; for 0.34.0 also the gate on the patched manager of tests/up
 under ``ci`` and ``thorough``, both machines. Every figure in the page is read off those runs.
 Exit 2 (one line) when no release environment exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,18 +29,18 @@ PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
 # Why the gate is right where a release differs: the seed's claim each verdict rests on.
 ARGUMENTS = {
     "0.33.0": "The seed's bug. The seed's claim: each key counts once per request, so a "
-              "request's retry after `None` and its re-offer after a preemption must not count "
-              "again. 0.33.0 counts every offer, so one request alone gets a key admitted.",
+    "request's retry after `None` and its re-offer after a preemption must not count "
+    "again. 0.33.0 counts every offer, so one request alone gets a key admitted.",
     "0.34.0": "The seed's fix is in (`counted_keys` in the per-request record), and where our "
-              "first spec guessed differently (a key the tracker dropped enters again with "
-              "count 1, also for a request that counted it before) upstream's choice is safe, "
-              "and SPEC A2 now follows it. One place remains where the seed is on the gate's "
-              "side: \"stores_skipped counts a key's skip once per request\". 0.34.0 dedups a "
-              "skip by the keys the request has *counted*, so a request that had a key "
-              "admitted (then its store failed or it was evicted, and the tracker dropped it) "
-              "and later skips it never counts that skip: the metric undercounts (SPEC A5, "
-              "amended). Putting only that right makes every property hold (below), so this is "
-              "the release's only disagreement with the rule that the gate finds.",
+    "first spec guessed differently (a key the tracker dropped enters again with "
+    "count 1, also for a request that counted it before) upstream's choice is safe, "
+    "and [spec A2](spec.md#a2) now follows it. One place remains where the seed is on the gate's "
+    'side: "stores_skipped counts a key\'s skip once per request". 0.34.0 dedups a '
+    "skip by the keys the request has *counted*, so a request that had a key "
+    "admitted (then its store failed or it was evicted, and the tracker dropped it) "
+    "and later skips it never counts that skip: the metric undercounts ([spec A5](spec.md#a5), "
+    "amended). Putting only that right makes every property hold (below), so this is "
+    "the release's only disagreement with the rule that the gate finds.",
 }
 
 
@@ -54,68 +55,101 @@ def fence(text: str, lang: str = "") -> str:
 
 
 def section(version: str, python: Path) -> tuple[str, str]:
-    code, out, seconds = run(python, "-m", "kvgate", "check", "--target", "vllm",
-                             "--profile", "ci")
+    code, out, seconds = run(python, "-m", "kvgate", "check", "--target", "vllm", "--profile", "ci")
     facts = gate_facts(out)
     verdict = {0: "passes", 1: "fails", 2: "cannot be checked"}.get(code, f"exit {code}")
-    row = (f"| {version} | {verdict} (exit {code}) | {facts['steps'] or '-'} | {seconds:.1f} | "
-           f"{facts['why'] or '-'} |")
+    row = (
+        f"| {version} | {verdict} (exit {code}) | {facts['steps'] or '-'} | {seconds:.1f} | "
+        f"{facts['why'] or '-'} |"
+    )
     parts = [f"## vLLM {version}", "", f"Adapter: `{facts['note']}`.", ""]
     if version in ARGUMENTS:
         parts += [ARGUMENTS[version], ""]
     parts += [
-             f"`kvgate check --target vllm --profile ci`: exit {code} in {seconds:.1f} s"
-             + (f", a counterexample of {facts['steps']} steps ({facts['why']})."
-                if facts["steps"] else "."), ""]
+        f"`kvgate check --target vllm --profile ci`: exit {code} in {seconds:.1f} s"
+        + (
+            f", a counterexample of {facts['steps']} steps ({facts['why']})."
+            if facts["steps"]
+            else "."
+        ),
+        "",
+    ]
     if facts["counterexample"]:
         parts += ["As kvgate prints it:", "", fence(facts["counterexample"]), ""]
     for script in sorted((ROOT / "docs" / "repro").glob("*.py")):
         rc, text, _ = run(python, str(script.relative_to(ROOT)))
         shown = "\n".join(ln for ln in text.splitlines() if "Warning" not in ln)
-        parts += [f"Plain Python, `{script.relative_to(ROOT)}` against {version} (exit {rc}):",
-                  "", fence(shown), ""]
+        parts += [
+            f"Plain Python, `{script.relative_to(ROOT)}` against {version} (exit {rc}):",
+            "",
+            fence(shown),
+            "",
+        ]
     if version == "0.34.0":
         for profile in ("ci", "thorough"):
-            rc, text, secs = run(python, "-m", "kvgate", "check", "--target", PATCHED,
-                                 "--machine", "all", "--profile", profile)
+            rc, text, secs = run(
+                python,
+                "-m",
+                "kvgate",
+                "check",
+                "--target",
+                PATCHED,
+                "--machine",
+                "all",
+                "--profile",
+                profile,
+            )
             passes = re.findall(r"^(PASS|FAIL)  (\w+) x ", text, re.MULTILINE)
-            parts += [f"With the skip counted once (`{PATCHED}`), `--profile {profile} "
-                      f"--machine all`, both policies: exit {rc} in {secs:.1f} s "
-                      f"({', '.join(f'{m} {s}' for s, m in passes)}).", ""]
+            parts += [
+                f"With the skip counted once (`{PATCHED}`), `--profile {profile} "
+                f"--machine all`, both policies: exit {rc} in {secs:.1f} s "
+                f"({', '.join(f'{m} {s}' for s, m in passes)}).",
+                "",
+            ]
     return row, "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--envs", type=Path, default=ROOT / ".vllm",
-                   help="folder holding one environment per release (default .vllm)")
+    p.add_argument(
+        "--envs",
+        type=Path,
+        default=ROOT / ".vllm",
+        help="folder holding one environment per release (default .vllm)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "upstream.md")
     args = p.parse_args(argv)
     found = [(v, args.envs / v / "bin" / "python") for v in releases()]
     found = [(v, py) for v, py in found if py.exists()]
     if not found:
-        print(f"make_upstream: no release environment under {args.envs}; build one with "
-              ".ci/vllm-venv VERSION DIR/VERSION", file=sys.stderr)
+        print(
+            f"make_upstream: no release environment under {args.envs}; build one with "
+            ".ci/vllm-venv VERSION DIR/VERSION",
+            file=sys.stderr,
+        )
         return 2
     rows, sections = [], []
     for version, python in found:
         row, text = section(version, python)
         rows.append(row)
         sections.append(text)
-    page = "\n".join([
-        "# kvgate on the real upstream",
-        "",
-        f"Generated by `python docs/make_upstream.py` on {datetime.date.today()} from the "
-        "release environments that `.ci/vllm-venv` builds; do not edit by hand. Each verdict is "
-        "`kvgate check --target vllm --profile ci` (derandomized: the same run every time); "
-        "seconds are the whole command's wall time, vLLM's import included.",
-        "",
-        "| release | verdict | steps | seconds | what differed |",
-        "|---|---|---:|---:|---|",
-        *rows,
-        "",
-        *sections,
-    ])
+    page = "\n".join(
+        [
+            "# kvgate on the real upstream",
+            "",
+            f"Generated by `python docs/make_upstream.py` on {datetime.date.today()} from the "
+            "release environments that `.ci/vllm-venv` builds; do not edit by hand. Each verdict "
+            "is "
+            "`kvgate check --target vllm --profile ci` (derandomized: the same run every time); "
+            "seconds are the whole command's wall time, vLLM's import included.",
+            "",
+            "| release | verdict | steps | seconds | what differed |",
+            "|---|---|---:|---:|---|",
+            *rows,
+            "",
+            *sections,
+        ]
+    )
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(page.rstrip() + "\n")
     os.replace(tmp, args.out)

@@ -1,10 +1,11 @@
 """Interface types shared by the manager, the worker, the scheduler driver and the harness.
 
-SPEC section 1 and 2: keys are ``bytes`` (a block hash followed by the group index as four
+Spec §1 and §2: keys are ``bytes`` (a block hash followed by the group index as four
 big-endian unsigned bytes), requests are ``ReqContext`` objects with a per-request scratch
 store, and the manager answers with ``LookupResult``, ``PrepareStoreOutput`` and
 ``OffloadingEvent`` values.
 """
+
 from __future__ import annotations
 
 import enum
@@ -98,7 +99,7 @@ class OffloadingEvent(NamedTuple):
 
 
 class TransferResult(NamedTuple):
-    """One finished copy job, as a worker's ``get_finished`` reports it (SPEC section 6)."""
+    """One finished copy job, as a worker's ``get_finished`` reports it (spec §6)."""
 
     job_id: int
     success: bool
@@ -111,7 +112,7 @@ class TransferResult(NamedTuple):
 CHUNK_LEVEL = "chunk_level"
 HOST = "host"
 
-# Upstream metric names (SPEC section 5).
+# Upstream metric names (spec §5).
 STORES_SKIPPED = "vllm:kv_offload_stores_skipped"
 ALLOCATION_SIZE = "vllm:kv_offload_cpu_allocation_size"
 CACHE_USAGE = "vllm:kv_offload_cpu_cache_usage_perc"
@@ -145,4 +146,4 @@ class Stats:
 
 
 class OffloadProtocolError(ValueError):
-    """A call that breaks the manager's protocol (SPEC section 8); the manager is unchanged."""
+    """A call that breaks the manager's protocol (spec §8); the manager is unchanged."""

@@ -1,4 +1,4 @@
-"""The CPU offloading manager: SPEC sections 2 to 5 and 8.
+"""The CPU offloading manager: spec §2-§5 and §8.
 
 Chunks are ``pending`` (ref -1, store in flight), ``idle`` (ref 0, evictable) or ``pinned``
 (ref n > 0, n loads in flight). The policy holds the resident keys in its order, each with its
@@ -8,13 +8,14 @@ admission when ``store_threshold >= 2``.
 Per-request records (keys counted, skips counted, store misses shown to the policy, and under
 request-scoped recency what the request saw, inserted and reused) live in the request's
 context, tagged with this manager and its generation: a reset bumps the generation, so every
-request starts counting over without any list to clean (A7).
+request starts counting over without any list to clean (spec A7).
 
 Two recency semantics (spec section 4), a constructor choice: ``recency="touch"`` (the policy
 learns from ``touch`` and inserts) and ``recency="request"`` (spec R1-R7: each request's
 accesses are shown to the policy at first sight and committed, head to tail by the keys'
 positions in the request, when it finishes; ``touch`` is still honoured).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -40,8 +41,18 @@ from .tracker import AdmissionTracker
 class RequestRecord:
     """What one request has done in one generation of one manager."""
 
-    __slots__ = ("owner", "generation", "counted", "skipped", "misses", "seen", "inserted",
-                 "reused", "committed", "rank")
+    __slots__ = (
+        "owner",
+        "generation",
+        "counted",
+        "skipped",
+        "misses",
+        "seen",
+        "inserted",
+        "reused",
+        "committed",
+        "rank",
+    )
 
     def __init__(self, owner: object, generation: int):
         self.owner = owner
@@ -84,12 +95,20 @@ def _check_keys(keys: Iterable[bytes]) -> list[bytes]:
 
 
 class OffloadingManager:
-    def __init__(self, num_chunks: int, cache_policy: str = "lru", enable_events: bool = True,
-                 store_threshold: int = 1, max_tracker_size: int = 64_000,
-                 recency: str = "touch"):
-        for name, value, low in (("num_chunks", num_chunks, 0),
-                                 ("store_threshold", store_threshold, 0),
-                                 ("max_tracker_size", max_tracker_size, 1)):
+    def __init__(
+        self,
+        num_chunks: int,
+        cache_policy: str = "lru",
+        enable_events: bool = True,
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+        recency: str = "touch",
+    ):
+        for name, value, low in (
+            ("num_chunks", num_chunks, 0),
+            ("store_threshold", store_threshold, 0),
+            ("max_tracker_size", max_tracker_size, 1),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.num_chunks = num_chunks
@@ -101,8 +120,9 @@ class OffloadingManager:
         self._pool = ChunkPool(num_chunks)
         self._num_pending = 0
         self._num_pinned = 0
-        self.tracker = (AdmissionTracker(store_threshold, max_tracker_size)
-                        if store_threshold >= 2 else None)
+        self.tracker = (
+            AdmissionTracker(store_threshold, max_tracker_size) if store_threshold >= 2 else None
+        )
         self.generation = 0
         self._token = object()
         self._events: list[OffloadingEvent] | None = [] if enable_events else None
@@ -148,8 +168,7 @@ class OffloadingManager:
         self._policy.commit(order, rec.inserted - rec.reused, rec.reused)
 
     def _committable(self, rec: RequestRecord) -> bool:
-        return rec.owner is self._token and rec.generation == self.generation \
-            and not rec.committed
+        return rec.owner is self._token and rec.generation == self.generation and not rec.committed
 
     @staticmethod
     def _commit_order(rec: RequestRecord, position) -> list[bytes]:
@@ -158,17 +177,18 @@ class OffloadingManager:
         groups: dict[int, list[bytes]] = {}
         for key in rec.seen:
             groups.setdefault(key_group(key), []).append(key)
-        return _ordered([k for g in sorted(groups) for k in _ordered(groups[g], position)],
-                        position)
+        return _ordered(
+            [k for g in sorted(groups) for k in _ordered(groups[g], position)], position
+        )
 
-    def _access(self, rec: RequestRecord, keys: Sequence[bytes], reused: Sequence[bytes],
-                ctx: ReqContext) -> None:
+    def _access(
+        self, rec: RequestRecord, keys: Sequence[bytes], reused: Sequence[bytes], ctx: ReqContext
+    ) -> None:
         """Spec R1, R2: what the request saw (new keys shown to the policy) and reused."""
         new = [key for key in keys if key not in rec.seen]
         if new:
             if rec.committed:
-                raise OffloadProtocolError(
-                    f"a finished request shows new key {new[0]!r}")
+                raise OffloadProtocolError(f"a finished request shows new key {new[0]!r}")
             rec.seen.update(dict.fromkeys(new))
             self._policy.first_sight(new, rec, _positions(ctx))
         rec.reused.update(self._reuses(rec, reused))
@@ -200,21 +220,25 @@ class OffloadingManager:
 
     def prepare_load(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> list[int]:
         keys = _check_keys(keys)
-        entries = [self._policy.get(key) for key in keys]
-        for key, entry in zip(keys, entries):
+        entries: list[Resident] = []
+        for key in keys:
+            entry = self._policy.get(key)
             if entry is None or not entry.ready:
                 state = "not resident" if entry is None else "pending"
                 raise OffloadProtocolError(f"prepare_load: key {key!r} is {state}")
+            entries.append(entry)
+        rec = None
         if self._request_scoped:
             # checked first: a refused load changes nothing
-            rec = self._record(self._context(ctx, "prepare_load"))
+            ctx = self._context(ctx, "prepare_load")
+            rec = self._record(ctx)
             if rec.committed and any(key not in rec.seen for key in keys):
                 raise OffloadProtocolError(f"prepare_load: {ctx!r} has finished")
         for entry in entries:
             if entry.ref == 0:
                 self._num_pinned += 1
             entry.ref += 1
-        if self._request_scoped:
+        if rec is not None and ctx is not None:
             self._access(rec, keys, keys, ctx)
         return [entry.chunk for entry in entries]
 
@@ -227,10 +251,12 @@ class OffloadingManager:
     def complete_load(self, keys: Iterable[bytes], ctx: ReqContext | None = None) -> None:
         keys = _check_keys(keys)
         loads = Counter(keys)
-        entries = {key: self._policy.get(key) for key in loads}
+        entries: dict[bytes, Resident] = {}
         for key, n in loads.items():
-            if entries[key] is None or entries[key].ref < n:  # a pending entry's ref is -1
+            entry = self._policy.get(key)
+            if entry is None or entry.ref < n:  # a pending entry's ref is -1
                 raise OffloadProtocolError(f"complete_load: key {key!r} is not pinned")
+            entries[key] = entry
         for key in keys:
             entry = entries[key]
             entry.ref -= 1
@@ -249,7 +275,8 @@ class OffloadingManager:
             admitted = [k for k in offer if not self._is_resident(k)]
         else:
             admitted, new_skips = self.tracker.admit(
-                offer, rec.counted, rec.skipped, self._is_resident)
+                offer, rec.counted, rec.skipped, self._is_resident
+            )
             self._skipped += new_skips
         misses = [key for key in admitted if key not in rec.misses]  # once per request
         rec.misses.update(misses)
@@ -288,25 +315,30 @@ class OffloadingManager:
             return []
         protected = set(offer)
         return self._policy.choose_victims(
-            need, lambda k, entry: self._evictable(entry) and k not in protected)
+            need, lambda k, entry: self._evictable(entry) and k not in protected
+        )
 
     def _evict(self, victims: Sequence[bytes]) -> None:
         for entry in self._policy.evict(victims):
             self._pool.release(entry.chunk)
         self._emit(victims, removed=True)
 
-    def complete_store(self, keys: Iterable[bytes], ctx: ReqContext | None = None,
-                       success: bool = True) -> None:
+    def complete_store(
+        self, keys: Iterable[bytes], ctx: ReqContext | None = None, success: bool = True
+    ) -> None:
         keys = _check_keys(keys)
-        entries = {key: self._policy.get(key) for key in keys}
-        pending = [k for k, e in entries.items() if e is not None and e.ref == PENDING]
+        pending: dict[bytes, Resident] = {}
+        for key in keys:
+            entry = self._policy.get(key)
+            if entry is not None and entry.ref == PENDING:
+                pending[key] = entry
         self._num_pending -= len(pending)
-        for key in pending:
+        for key, entry in pending.items():
             if success:
-                entries[key].ref = 0
+                entry.ref = 0
             else:
                 self._drop_failed(key)
-        self._emit(pending, removed=not success, metadata_only=not success)
+        self._emit(list(pending), removed=not success, metadata_only=not success)
 
     def _drop_failed(self, key: bytes) -> None:
         self._pool.release(self._policy.remove(key).chunk)
@@ -325,7 +357,7 @@ class OffloadingManager:
 
     def _still_news(self, event: OffloadingEvent) -> OffloadingEvent | None:
         """A metadata-only removal (a failed store) loses the keys that are resident again by
-        the time the events are drained: a later offer re-admitted them (SPEC section 5)."""
+        the time the events are drained: a later offer re-admitted them (spec §5)."""
         if not event.metadata_only:
             return event
         keys = tuple(k for k in event.keys if not self._is_resident(k))
@@ -340,7 +372,10 @@ class OffloadingManager:
         stats = Stats(
             stores_skipped=self._skipped if self.tracker is not None else None,
             allocation_sizes=self._allocation_sizes,
-            cache_usage=write + read, write_usage=write, read_usage=read)
+            cache_usage=write + read,
+            write_usage=write,
+            read_usage=read,
+        )
         self._skipped = 0
         self._allocation_sizes = []
         return stats

@@ -1,5 +1,6 @@
 """The CPU tier's chunk ids: never-used ids in increasing order first, then freed ids,
-last freed first (SPEC section 4)."""
+last freed first (spec §4)."""
+
 from __future__ import annotations
 
 

@@ -1,6 +1,6 @@
 """The scheduler driver: where offers, retries, preemptions, resets and loads come from.
 
-SPEC section 7. ``Scheduler`` plays the engine's side of the offloading manager, step by step:
+Spec §7. ``Scheduler`` plays the engine's side of the offloading manager, step by step:
 
 - A ``Request`` is a prompt cut into blocks of ``block_size`` tokens with chained block hashes
   (``block_hashes_of``), or, for a trace, the prefix block ids it came with. One key per chunk
@@ -39,7 +39,7 @@ worker; the harness's ``properties.null_worker.NullWorker``); ``advance()`` is c
 start of each step and ``write_gpu(block, data)`` when compute writes a block, if the worker
 has them.
 
-Choices where the SPEC is silent (written down here, tested in ``tests/test_scheduler.py``):
+Choices where the spec is silent (written down here, tested in ``tests/test_scheduler.py``):
 
 - No GPU prefix cache: every request owns its GPU blocks; the CPU tier serves all reuse.
 - A request may load at most ``(prompt_tokens - 1) // chunk_tokens`` chunks: at least one
@@ -61,6 +61,7 @@ Choices where the SPEC is silent (written down here, tested in ``tests/test_sche
 - The finish-time offer is made only when the request has keys past its store position (its
   last offer failed, or it finished before its newest chunks were offered).
 """
+
 from __future__ import annotations
 
 import enum
@@ -82,7 +83,7 @@ def block_hashes_of(tokens: Sequence[int], block_size: int, parent: bytes = b"")
     out: list[bytes] = []
     h = parent
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = tokens[start:start + block_size]
+        block = tokens[start : start + block_size]
         payload = h + b"|" + ",".join(str(int(t)) for t in block).encode()
         h = hashlib.blake2b(payload, digest_size=HASH_BYTES).digest()
         out.append(h)
@@ -94,14 +95,16 @@ def hash_id_to_block_hash(hash_id: int) -> bytes:
     return int(hash_id).to_bytes(HASH_BYTES, "big")
 
 
-def chunk_keys(block_hashes: Sequence[bytes], blocks_per_chunk: int,
-               group_idx: int = 0) -> list[bytes]:
+def chunk_keys(
+    block_hashes: Sequence[bytes], blocks_per_chunk: int, group_idx: int = 0
+) -> list[bytes]:
     """One key per complete chunk, named after the chunk's last block hash."""
     n = len(block_hashes) // blocks_per_chunk
     return [make_key(block_hashes[(i + 1) * blocks_per_chunk - 1], group_idx) for i in range(n)]
 
 
 # --------------------------------------------------------------------------- requests
+
 
 class RequestState(enum.Enum):
     WAITING = "waiting"  # queued (new, or preempted and resumable)
@@ -116,8 +119,13 @@ class RequestState(enum.Enum):
 class Request:
     """One request: prompt blocks (chained hashes), output length, and its scheduling state."""
 
-    def __init__(self, req_id: str, block_hashes: Sequence[bytes], num_prompt_tokens: int,
-                 max_output_tokens: int | None = None):
+    def __init__(
+        self,
+        req_id: str,
+        block_hashes: Sequence[bytes],
+        num_prompt_tokens: int,
+        max_output_tokens: int | None = None,
+    ):
         if num_prompt_tokens < 0:
             raise ValueError(f"num_prompt_tokens must be >= 0, got {num_prompt_tokens!r}")
         self.req_id = req_id
@@ -139,8 +147,13 @@ class Request:
         self.restarted: str | None = None  # "preemption" | "reset": stores restart at chunk 0
 
     @classmethod
-    def from_tokens(cls, req_id: str, tokens: Sequence[int], block_size: int,
-                    max_output_tokens: int | None = None) -> Request:
+    def from_tokens(
+        cls,
+        req_id: str,
+        tokens: Sequence[int],
+        block_size: int,
+        max_output_tokens: int | None = None,
+    ) -> Request:
         req = cls(req_id, block_hashes_of(tokens, block_size), len(tokens), max_output_tokens)
         req.tokens = list(tokens)
         return req
@@ -209,16 +222,29 @@ def set_on_context(ctx: ReqContext, key: bytes, end_token: int) -> None:
 class Scheduler:
     """The engine's side of the manager protocol, one ``step()`` at a time."""
 
-    def __init__(self, manager: Any, worker: Any, *, block_size: int = 16,
-                 blocks_per_chunk: int = 1, num_gpu_blocks: int = 1 << 20, max_running: int = 16,
-                 max_tokens_per_step: int | None = None, group_idx: int = 0,
-                 on_step: Callable[[int], None] | None = None,
-                 new_context: Callable[[str], Any] = ReqContext,
-                 set_position: Callable[[Any, bytes, int], None] = set_on_context,
-                 stats_dict: Callable[[Any], Mapping[str, Any]] = Stats.as_dict,
-                 touch: bool = True):
-        for name, value in (("block_size", block_size), ("blocks_per_chunk", blocks_per_chunk),
-                            ("num_gpu_blocks", num_gpu_blocks), ("max_running", max_running)):
+    def __init__(
+        self,
+        manager: Any,
+        worker: Any,
+        *,
+        block_size: int = 16,
+        blocks_per_chunk: int = 1,
+        num_gpu_blocks: int = 1 << 20,
+        max_running: int = 16,
+        max_tokens_per_step: int | None = None,
+        group_idx: int = 0,
+        on_step: Callable[[int], None] | None = None,
+        new_context: Callable[[str], Any] = ReqContext,
+        set_position: Callable[[Any, bytes, int], None] = set_on_context,
+        stats_dict: Callable[[Any], Mapping[str, Any]] = Stats.as_dict,
+        touch: bool = True,
+    ):
+        for name, value in (
+            ("block_size", block_size),
+            ("blocks_per_chunk", blocks_per_chunk),
+            ("num_gpu_blocks", num_gpu_blocks),
+            ("max_running", max_running),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if max_tokens_per_step is not None and max_tokens_per_step < 1:
@@ -257,8 +283,10 @@ class Scheduler:
             raise ValueError(f"request {req.req_id!r} is still live")
         tokens = req.num_prompt_tokens + max(0, (req.max_output_tokens or 1) - 1)
         if -(-tokens // self.block_size) > self.num_gpu_blocks:
-            raise ValueError(f"request {req.req_id!r} needs {-(-tokens // self.block_size)} GPU "
-                             f"blocks; there are {self.num_gpu_blocks}")
+            raise ValueError(
+                f"request {req.req_id!r} needs {-(-tokens // self.block_size)} GPU "
+                f"blocks; there are {self.num_gpu_blocks}"
+            )
         req.keys = chunk_keys(req.block_hashes, self.blocks_per_chunk, self.group_idx)
         req.ctx = self._new_context(req.req_id)
         for i, key in enumerate(req.keys):
@@ -377,8 +405,11 @@ class Scheduler:
     def _target_tokens(self, req: Request) -> int:
         """Tokens to compute before the next sample: prompt plus outputs (a resumed request
         recomputes its outputs too)."""
-        return req.num_prompt_tokens + max(0, req.num_output - 1) if req.num_output else \
-            req.num_prompt_tokens
+        return (
+            req.num_prompt_tokens + max(0, req.num_output - 1)
+            if req.num_output
+            else req.num_prompt_tokens
+        )
 
     def _plan(self, req: Request, budget: int) -> tuple[int, int]:
         """``req``'s next tokens (a prefill chunk, or one decode token) and the GPU blocks
@@ -409,8 +440,9 @@ class Scheduler:
         req.num_computed += n
         if self._write is not None:
             hashes = req.block_hashes
-            for b in range(before // self.block_size,
-                           min(req.num_computed // self.block_size, len(hashes))):
+            for b in range(
+                before // self.block_size, min(req.num_computed // self.block_size, len(hashes))
+            ):
                 self._write(req.block_table[b], hashes[b])
         if req.num_computed >= self._target_tokens(req):  # a token is sampled
             req.num_output += 1
@@ -492,7 +524,7 @@ class Scheduler:
         end = min(len(req.keys), req.num_computed // self.chunk_tokens)
         if req.store_pos >= end:
             return False
-        keys = req.keys[req.store_pos:end]
+        keys = req.keys[req.store_pos : end]
         c = self.counters
         c.offers += 1
         c.offered_keys += len(keys)
@@ -521,7 +553,7 @@ class Scheduler:
         blocks: list[int] = []
         for key in to_store:
             i = index[key]
-            blocks.extend(req.block_table[i * bpc:(i + 1) * bpc])
+            blocks.extend(req.block_table[i * bpc : (i + 1) * bpc])
         job_id = self._new_job(_Job("store", req, to_store, chunk_ids))
         c.store_jobs += 1
         self.worker.submit_store(job_id, blocks, chunk_ids)

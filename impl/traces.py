@@ -6,6 +6,7 @@ block may be partial). Equal ids mean the same prefix block, so the ids are alre
 each one becomes a block hash as it is (``hash_id_to_block_hash``). Only complete blocks are
 offered, as an engine hashes only complete blocks.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,9 @@ class TraceRequest:
         """The driver's request: complete prompt blocks only, at least one output token."""
         full = min(len(self.hash_ids), self.input_length // block_size)
         hashes = [hash_id_to_block_hash(h) for h in self.hash_ids[:full]]
-        return Request(req_id, hashes, max(1, self.input_length),
-                       max_output_tokens=max(1, self.output_length))
+        return Request(
+            req_id, hashes, max(1, self.input_length), max_output_tokens=max(1, self.output_length)
+        )
 
 
 def _parse(line: str, where: str) -> TraceRequest:
@@ -45,15 +47,20 @@ def _parse(line: str, where: str) -> TraceRequest:
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected an object, got {type(obj).__name__}")
     try:
-        ts, inp, out, ids = (obj["timestamp"], obj["input_length"], obj["output_length"],
-                             obj["hash_ids"])
+        ts, inp, out, ids = (
+            obj["timestamp"],
+            obj["input_length"],
+            obj["output_length"],
+            obj["hash_ids"],
+        )
     except KeyError as e:
         raise TraceError(f"{where}: missing field {e.args[0]!r}") from None
     for name, value in (("timestamp", ts), ("input_length", inp), ("output_length", out)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise TraceError(f"{where}: {name} must be an int >= 0, got {value!r}")
-    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool)
-                                            and h >= 0 for h in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids
+    ):
         raise TraceError(f"{where}: hash_ids must be a list of ints >= 0")
     return TraceRequest(ts, inp, out, tuple(ids))
 
@@ -74,4 +81,3 @@ def iter_trace(path: str | Path, limit: int | None = None) -> Iterator[TraceRequ
 
 def load_trace(path: str | Path, limit: int | None = None) -> list[TraceRequest]:
     return list(iter_trace(path, limit))
-

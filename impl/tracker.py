@@ -1,10 +1,11 @@
-"""The admission tracker: SPEC section 3, rules A2 to A6.
+"""The admission tracker: spec §3, A2-A6.
 
 ``AdmissionTracker`` holds key -> count in recency order (least recent first), at most
 ``max_size`` keys. ``admit`` records one offer for one request and says which absent keys pass
 the threshold. The per-request records (``counted``, ``skipped``) belong to the caller: the
 manager keeps them in the request's context, per generation.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -24,7 +25,7 @@ class AdmissionTracker:
         return count >= self.threshold
 
     def record(self, offer: Sequence[bytes], counted: set[bytes]) -> None:
-        """A2 and A4: ``offer`` is deduplicated; ``counted`` is this request's record."""
+        """Spec A2 and A4: ``offer`` is deduplicated; ``counted`` is this request's record."""
         for key in offer:  # tracked keys first: count once per request, refresh always
             if key in self.counts:
                 self._recount(key, counted)
@@ -55,9 +56,14 @@ class AdmissionTracker:
         del self.counts[oldest]
         return True
 
-    def admit(self, offer: Sequence[bytes], counted: set[bytes], skipped: set[bytes],
-              is_resident: Callable[[bytes], bool]) -> tuple[list[bytes], int]:
-        """Record ``offer`` and filter its absent keys: (admitted keys, new skips). A5, A6."""
+    def admit(
+        self,
+        offer: Sequence[bytes],
+        counted: set[bytes],
+        skipped: set[bytes],
+        is_resident: Callable[[bytes], bool],
+    ) -> tuple[list[bytes], int]:
+        """Record ``offer`` and filter its absent keys: (admitted keys, new skips). Spec A5, A6."""
         self.record(offer, counted)
         admitted: list[bytes] = []
         new_skips = 0

@@ -1,4 +1,4 @@
-"""The GPU-copy worker: moves KV-cache pages between GPU blocks and CPU chunks (SPEC section 6).
+"""The GPU-copy worker: moves KV-cache pages between GPU blocks and CPU chunks (spec §6).
 
 API
 ===
@@ -73,6 +73,7 @@ Override points (each known-bad worker in ``properties/bad_workers.py`` replaces
 ``_submit`` (checks before bytes move), ``_launch`` (start a copy and say when it is done),
 ``get_finished`` (reporting order), ``fail_next`` (which jobs an injected failure hits).
 """
+
 from __future__ import annotations
 
 import collections
@@ -142,8 +143,15 @@ def _long_runs(src: list[int], dst: list[int]) -> tuple[list[tuple[int, int]], l
     n = len(src)
     if n and src == list(range(src[0], src[0] + n)) and dst == list(range(dst[0], dst[0] + n)):
         return ([(0, n)] if n >= _SLICE_RUN else []), ([] if n >= _SLICE_RUN else None)
-    edges = [0, *[i for i, (a, b, c, d) in enumerate(zip(src, src[1:], dst, dst[1:]), 1)
-                  if b - a != 1 or d - c != 1], n]
+    edges = [
+        0,
+        *[
+            i
+            for i, (a, b, c, d) in enumerate(zip(src, src[1:], dst, dst[1:]), 1)
+            if b - a != 1 or d - c != 1
+        ],
+        n,
+    ]
     if len(edges) == n + 1:  # no two neighbours continue each other (scattered ids)
         return [], None
     runs: list[tuple[int, int]] = []
@@ -215,7 +223,8 @@ class OffloadWorker:
         for i, t in enumerate(gpu_tensors):
             if t.shape[0] != num_gpu_blocks:
                 raise ValueError(
-                    f"gpu_tensors[{i}] has {t.shape[0]} blocks, layer 0 has {num_gpu_blocks}")
+                    f"gpu_tensors[{i}] has {t.shape[0]} blocks, layer 0 has {num_gpu_blocks}"
+                )
             if t.device != device:
                 raise ValueError(f"gpu_tensors[{i}] is on {t.device}, layer 0 on {device}")
 
@@ -228,12 +237,15 @@ class OffloadWorker:
         self.clock = clock  # seconds, read before and after a CPU copy
 
         self.gpu_pages: list[torch.Tensor] = [
-            self._byte_view(t, i) for i, t in enumerate(gpu_tensors)]
+            self._byte_view(t, i) for i, t in enumerate(gpu_tensors)
+        ]
         self.page_bytes: list[int] = [int(v.shape[1]) for v in self.gpu_pages]
         self.cpu_tensors: list[torch.Tensor] = [
-            torch.zeros((num_chunks, page * blocks_per_chunk), dtype=torch.uint8,
-                        pin_memory=self.is_cuda)
-            for page in self.page_bytes]
+            torch.zeros(
+                (num_chunks, page * blocks_per_chunk), dtype=torch.uint8, pin_memory=self.is_cuda
+            )
+            for page in self.page_bytes
+        ]
         # Copies run on word views of the flat rows: GPU [blocks, words], CPU [slots, words].
         self._gpu_words: list[torch.Tensor] = []
         self._cpu_words: list[torch.Tensor] = []
@@ -274,8 +286,10 @@ class OffloadWorker:
         if not tensor[0].is_contiguous():
             raise ValueError(f"gpu_tensors[{layer}]: the data of one block is not contiguous")
         if n > 1 and tensor.stride(0) < block_numel:
-            raise ValueError(f"gpu_tensors[{layer}]: blocks overlap (stride {tensor.stride(0)} "
-                             f"< page of {block_numel} elements)")
+            raise ValueError(
+                f"gpu_tensors[{layer}]: blocks overlap (stride {tensor.stride(0)} "
+                f"< page of {block_numel} elements)"
+            )
         try:
             rows = tensor.view(n, block_numel) if tensor.dim() > 1 else tensor.view(n, 1)
             if rows.dtype != torch.uint8:
@@ -291,13 +305,15 @@ class OffloadWorker:
 
     # ------------------------------------------------------------------ API
 
-    def submit_store(self, job_id: int, gpu_blocks: Sequence[int], chunk_ids: Sequence[int],
-                     offset: int = 0) -> None:
+    def submit_store(
+        self, job_id: int, gpu_blocks: Sequence[int], chunk_ids: Sequence[int], offset: int = 0
+    ) -> None:
         """Copy ``gpu_blocks`` into sub-blocks of ``chunk_ids`` starting at ``offset``."""
         self._submit(STORE, job_id, gpu_blocks, chunk_ids, offset)
 
-    def submit_load(self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int],
-                    offset: int = 0) -> None:
+    def submit_load(
+        self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int], offset: int = 0
+    ) -> None:
         """Copy sub-blocks of ``chunk_ids`` starting at ``offset`` into ``gpu_blocks``."""
         self._submit(LOAD, job_id, gpu_blocks, chunk_ids, offset)
 
@@ -340,15 +356,16 @@ class OffloadWorker:
 
     # ------------------------------------------------------------------ submission
 
-    def _submit(self, kind: str, job_id: Any, gpu_blocks: Any, chunk_ids: Any,
-                offset: Any) -> None:
+    def _submit(self, kind: str, job_id: Any, gpu_blocks: Any, chunk_ids: Any, offset: Any) -> None:
         job_id, gpu_blocks, chunk_ids, offset = self._validate(
-            kind, job_id, gpu_blocks, chunk_ids, offset)
+            kind, job_id, gpu_blocks, chunk_ids, offset
+        )
         slots = self._slot_rows(chunk_ids, offset, len(gpu_blocks))
         if self.check_hazards:
             self._check_hazards(kind, gpu_blocks, slots)
-        job = _Job(self._seq, job_id, kind, gpu_blocks, slots,
-                   len(gpu_blocks) * self.bytes_per_block)
+        job = _Job(
+            self._seq, job_id, kind, gpu_blocks, slots, len(gpu_blocks) * self.bytes_per_block
+        )
         self._seq += 1
         self._register(job)
         if self._take_failure(kind):
@@ -356,8 +373,9 @@ class OffloadWorker:
         else:
             self._launch(job)
 
-    def _validate(self, kind: str, job_id: Any, gpu_blocks: Any, chunk_ids: Any,
-                  offset: Any) -> tuple[int, list[int], list[int], int]:
+    def _validate(
+        self, kind: str, job_id: Any, gpu_blocks: Any, chunk_ids: Any, offset: Any
+    ) -> tuple[int, list[int], list[int], int]:
         """Normalized arguments, or ``ValueError`` naming what is wrong. Touches nothing."""
         job_id = _as_int(job_id, "job_id")
         if job_id in self._used_ids:
@@ -371,7 +389,8 @@ class OffloadWorker:
         for i, b in enumerate(blocks):
             if not 0 <= b < self.num_gpu_blocks:
                 raise ValueError(
-                    f"gpu_blocks[{i}] = {b} is out of range [0, {self.num_gpu_blocks})")
+                    f"gpu_blocks[{i}] = {b} is out of range [0, {self.num_gpu_blocks})"
+                )
         for i, c in enumerate(chunks):
             if not 0 <= c < self.num_chunks:
                 raise ValueError(f"chunk_ids[{i}] = {c} is out of range [0, {self.num_chunks})")
@@ -383,7 +402,8 @@ class OffloadWorker:
         if len(chunks) != need:
             raise ValueError(
                 f"{kind} of {len(blocks)} gpu blocks at offset {offset} with "
-                f"blocks_per_chunk={bpc} needs {need} chunk ids, got {len(chunks)}")
+                f"blocks_per_chunk={bpc} needs {need} chunk ids, got {len(chunks)}"
+            )
         return job_id, blocks, chunks, offset
 
     def _check_hazards(self, kind: str, blocks: list[int], slots: list[int]) -> None:
@@ -399,20 +419,32 @@ class OffloadWorker:
             return None
 
         if kind == STORE:
-            checks = [(self._slot_writers, slots, where, "is being written by store job"),
-                      (self._slot_readers, slots, where, "is being read by load job"),
-                      (self._block_writers, blocks, "gpu block {}".format,
-                       "is being written by load job")]
+            checks = [
+                (self._slot_writers, slots, where, "is being written by store job"),
+                (self._slot_readers, slots, where, "is being read by load job"),
+                (
+                    self._block_writers,
+                    blocks,
+                    "gpu block {}".format,
+                    "is being written by load job",
+                ),
+            ]
         else:
-            checks = [(self._slot_writers, slots, where, "is being written by store job"),
-                      (self._block_readers, blocks, "gpu block {}".format,
-                       "is being read by store job"),
-                      (self._block_writers, blocks, "gpu block {}".format,
-                       "is being written by load job")]
+            checks = [
+                (self._slot_writers, slots, where, "is being written by store job"),
+                (self._block_readers, blocks, "gpu block {}".format, "is being read by store job"),
+                (
+                    self._block_writers,
+                    blocks,
+                    "gpu block {}".format,
+                    "is being written by load job",
+                ),
+            ]
         for table, keys, name, verb in checks:
             if (hit := clash(table, keys)) is not None:
-                raise ValueError(f"{kind} refused: {name(hit[0])} {verb} {hit[1]}, "
-                                 "which is not reported yet")
+                raise ValueError(
+                    f"{kind} refused: {name(hit[0])} {verb} {hit[1]}, which is not reported yet"
+                )
 
     def _register(self, job: _Job) -> None:
         self._used_ids.add(job.job_id)
@@ -501,20 +533,28 @@ class OffloadWorker:
         the row views made once in ``__init__`` (no index tensor, no staging pass)."""
         if job.kind == STORE:
             src_ids, dst_ids = job.gpu_blocks, job.slots
-            srcs_w, dsts_w, srcs_r, dsts_r = (self._gpu_words, self._cpu_words,
-                                              self._gpu_rows, self._cpu_rows)
+            srcs_w, dsts_w, srcs_r, dsts_r = (
+                self._gpu_words,
+                self._cpu_words,
+                self._gpu_rows,
+                self._cpu_rows,
+            )
         else:
             src_ids, dst_ids = job.slots, job.gpu_blocks
-            srcs_w, dsts_w, srcs_r, dsts_r = (self._cpu_words, self._gpu_words,
-                                              self._cpu_rows, self._gpu_rows)
+            srcs_w, dsts_w, srcs_r, dsts_r = (
+                self._cpu_words,
+                self._gpu_words,
+                self._cpu_rows,
+                self._gpu_rows,
+            )
         srcs: list[torch.Tensor] = []
         dsts: list[torch.Tensor] = []
         runs, rest = _long_runs(src_ids, dst_ids)
         for pos, length in runs:
             s, d = src_ids[pos], dst_ids[pos]
             for src, dst in zip(srcs_w, dsts_w):
-                srcs.append(src[s:s + length])
-                dsts.append(dst[d:d + length])
+                srcs.append(src[s : s + length])
+                dsts.append(dst[d : d + length])
         if rest is None:
             rest_src, rest_dst = src_ids, dst_ids
         else:
@@ -545,14 +585,15 @@ class OffloadWorker:
                     if job.kind == STORE:
                         staged = gpu.index_select(0, block_idx)
                         for pos, row, length in runs:
-                            cpu[row:row + length].copy_(staged[pos:pos + length],
-                                                        non_blocking=True)
+                            cpu[row : row + length].copy_(
+                                staged[pos : pos + length], non_blocking=True
+                            )
                     else:
-                        staged = torch.empty((n, gpu.shape[1]), dtype=gpu.dtype,
-                                             device=self.device)
+                        staged = torch.empty((n, gpu.shape[1]), dtype=gpu.dtype, device=self.device)
                         for pos, row, length in runs:
-                            staged[pos:pos + length].copy_(cpu[row:row + length],
-                                                           non_blocking=True)
+                            staged[pos : pos + length].copy_(
+                                cpu[row : row + length], non_blocking=True
+                            )
                         gpu.index_copy_(0, block_idx, staged)
                     job.keep.append(staged)
             job.end_event.record(stream)

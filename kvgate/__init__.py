@@ -22,6 +22,7 @@ How a name resolves (this is the one account of it):
 Each of the three packages refuses to be imported under another name (``import impl`` from the
 tree's root), so that no module is ever loaded twice, as two copies of every class in it.
 """
+
 from __future__ import annotations
 
 import importlib.abc as _abc
@@ -45,8 +46,9 @@ class SourceTreeFinder(_abc.MetaPathFinder):
         if package != __name__ or part not in PARTS:
             return None
         folder = _os.path.join(self.tree, part)
-        return _util.spec_from_file_location(fullname, _os.path.join(folder, "__init__.py"),
-                                             submodule_search_locations=[folder])
+        return _util.spec_from_file_location(
+            fullname, _os.path.join(folder, "__init__.py"), submodule_search_locations=[folder]
+        )
 
 
 def _serve_the_source_tree() -> None:

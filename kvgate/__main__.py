@@ -1,4 +1,5 @@
 """``python -m kvgate``: the same as the ``kvgate`` command."""
+
 import sys
 
 from kvgate.cli import main

@@ -1,4 +1,5 @@
 """argparse value types the commands share: a count that must be >= 1 or >= 0."""
+
 from __future__ import annotations
 
 import argparse

@@ -13,6 +13,7 @@ target and rename it over the target, so an interrupted run leaves either the ol
 new one, never half of one. An ``OSError`` on the way (a full disk, a filesystem that refuses)
 removes the temporary file, leaves the old file as it was and is raised as ``OutputError``.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,8 +60,9 @@ def check_output(flag: str, path: str) -> None:
     try:
         fd, tmp = _temporary(p)
     except OSError as exc:
-        raise OutputError(f"{flag} {path}: cannot write in {str(folder)!r} "
-                          f"({_reason(exc)})") from None
+        raise OutputError(
+            f"{flag} {path}: cannot write in {str(folder)!r} ({_reason(exc)})"
+        ) from None
     os.close(fd)
     os.unlink(tmp)
 
@@ -83,8 +85,9 @@ def check_directory(flag: str, path: str) -> None:
     os.unlink(tmp)
 
 
-def write_with(path: str | Path, write: Callable[[IO], None], binary: bool = False,
-               flag: str = "") -> None:
+def write_with(
+    path: str | Path, write: Callable[[IO], None], binary: bool = False, flag: str = ""
+) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
     Any exception removes the temporary file first; an ``OSError`` is raised as one
     ``OutputError`` line (``flag``, when given, names the option the path came from)."""
@@ -104,8 +107,9 @@ def write_with(path: str | Path, write: Callable[[IO], None], binary: bool = Fal
                 pass
         if isinstance(exc, OSError):
             kept = "the old file is left as it was" if target.exists() else "nothing written"
-            raise OutputError(f"{flag + ' ' if flag else ''}{path}: writing failed "
-                              f"({_reason(exc)}); {kept}") from None
+            raise OutputError(
+                f"{flag + ' ' if flag else ''}{path}: writing failed ({_reason(exc)}); {kept}"
+            ) from None
         raise
 
 

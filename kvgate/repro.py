@@ -12,6 +12,7 @@ target (a fixed manager passes it). Two forms:
   ``data(...)``, such as the scheduler machine): the failure's ``@reproduce_failure`` blob
   replays the exact choices; it needs the same Hypothesis version, which the file names.
 """
+
 from __future__ import annotations
 
 import os
@@ -53,15 +54,20 @@ def _ident(text: str) -> str:
 
 def _docstring(failures: list[Failure], path: str) -> str:
     specs = sorted({f.spec for f in failures})
-    lines = [f"kvgate counterexample{'s' if len(failures) > 1 else ''} "
-             f"({', '.join(specs)}), written by `kvgate check --repro {os.path.basename(path)}`.",
-             "",
-             "Plain `pytest` on this file replays the shrunk failure against the same target and "
-             "fails with:"]
+    lines = [
+        f"kvgate counterexample{'s' if len(failures) > 1 else ''} "
+        f"({', '.join(specs)}), written by `kvgate check --repro {os.path.basename(path)}`.",
+        "",
+        "Plain `pytest` on this file replays the shrunk failure against the same target and "
+        "fails with:",
+    ]
     for f in failures:
         lines += ["", f"    [{f.machine} x {f.spec}] {_first_line(f.message)}"]
-    lines += ["", "Replay against another target (a fixed manager passes):",
-              f"    KVGATE_TARGET=impl pytest {os.path.basename(path)}"]
+    lines += [
+        "",
+        "Replay against another target (a fixed manager passes):",
+        f"    KVGATE_TARGET=impl pytest {os.path.basename(path)}",
+    ]
     return "\n".join(lines).replace('"""', "'''").replace("\\", "\\\\")
 
 
@@ -72,22 +78,24 @@ def _first_line(text: str) -> str:
 def render(failures: list[Failure], path: str, cwd: str | None = None) -> str:
     """The text of a repro file with one test per failure."""
     cwd = cwd or os.getcwd()
-    out = [f'"""{_docstring(failures, path)}\n"""',
-           "import os",
-           "import sys",
-           "",
-           "# MODULE:ATTR targets import from where kvgate ran",
-           f"if {cwd!r} not in sys.path:",
-           f"    sys.path.insert(0, {cwd!r})",
-           "",
-           "from hypothesis import Phase, given, settings, strategies as st",
-           "",
-           "from kvgate.properties.targets import resolve_target",
-           "",
-           "",
-           "def _target(spec):",
-           '    return resolve_target(os.environ.get("KVGATE_TARGET", spec))',
-           ""]
+    out = [
+        f'"""{_docstring(failures, path)}\n"""',
+        "import os",
+        "import sys",
+        "",
+        "# MODULE:ATTR targets import from where kvgate ran",
+        f"if {cwd!r} not in sys.path:",
+        f"    sys.path.insert(0, {cwd!r})",
+        "",
+        "from hypothesis import Phase, given, settings, strategies as st",
+        "",
+        "from kvgate.properties.targets import resolve_target",
+        "",
+        "",
+        "def _target(spec):",
+        '    return resolve_target(os.environ.get("KVGATE_TARGET", spec))',
+        "",
+    ]
     for n, failure in enumerate(failures):
         suffix = f"_{n}" if len(failures) > 1 else ""
         name = f"test_{failure.machine}_{_ident(failure.spec)}{suffix}"

@@ -1,20 +1,21 @@
-"""The admission rule (SPEC section 3, A1-A6) as one pure function.
+"""The admission rule (spec §3, A1-A6) as one pure function.
 
 Plain values in, new plain values out; no argument is mutated. ``Model.prepare_store`` calls it
 first, and CrossHair checks the ``pre:``/``post:`` lines below.
 
 A key the tracker does not hold enters with count 1 whether or not this request counted it
-before (amended A2): the tracker forgot the earlier count, so that 1 is the only count the
+before (spec A2): the tracker forgot the earlier count, so that 1 is the only count the
 request holds, and one request never takes a key from 0 to 2. A tracked key counts once per
 request and generation (``counted``); its skip is counted once per request and generation, at
-the first offer that skips it (``skipped``, amended A5), whatever the request counted before.
+the first offer that skips it (``skipped``, spec A5), whatever the request counted before.
 
-Choices where the SPEC is silent:
+Choices where the spec is silent:
 
 - A key that cannot enter the tracker (it is full and every tracked key is in the offer) is not
   tracked (count 0) but still goes into ``counted``; its next offer tries to enter it again.
 - Below threshold 2 the tracker and both records come back untouched (the tracker stays empty).
 """
+
 from __future__ import annotations
 
 Tracker = tuple[tuple[bytes, int], ...]  # (key, count), least recent first
@@ -32,9 +33,9 @@ def admission_step(
     """Record one offer; return (tracker, counted, skipped, admitted, new_skips).
 
     ``counted``/``skipped``: the keys this request counted/was skipped on in this generation.
-    ``resident``: ready or pending keys (never candidates). The last five ``post:``: A6; A1
-    (nothing filtered or tracked below 2); A2/A7 (an offered tracked key gains one iff this
-    request has not counted it in this generation); amended A2 (an offered key the tracker did not
+    ``resident``: ready or pending keys (never candidates). The last five ``post:``: spec A6;
+    spec A1 (nothing filtered or tracked below 2); spec A2/A7 (an offered tracked key gains one iff this
+    request has not counted it in this generation); spec A2 (an offered key the tracker did not
     hold has count 1 after the offer, whether or not this request counted it before, unless the
     tracker is full of the offer's own keys).
     Laws over several offers: ``properties/laws.py``.
@@ -54,14 +55,14 @@ def admission_step(
     """
     offer = tuple(dict.fromkeys(offer))  # a repeated key is one offer of it
     candidates = [k for k in offer if k not in resident]
-    if threshold < 2:  # A1
+    if threshold < 2:  # spec A1
         return tracker, counted, skipped, tuple(candidates), 0
     counts = dict(tracker)  # insertion order = recency order, least recent first
-    for k in offer:  # A2/A4: the offer's tracked keys are refreshed first, in offer order
+    for k in offer:  # spec A2/A4: the offer's tracked keys are refreshed first, in offer order
         if k in counts:
             n = counts.pop(k)
             counts[k] = n if k in counted else n + 1
-    for k in offer:  # then its untracked keys enter with count 1, in offer order (A2, A4)
+    for k in offer:  # then its untracked keys enter with count 1, in offer order (spec A2, A4)
         if k in counts:
             continue
         if len(counts) >= max_tracker_size:
@@ -70,7 +71,7 @@ def admission_step(
                 continue
             del counts[oldest]
         counts[k] = 1
-    low = frozenset(k for k in candidates if counts.get(k, 0) < threshold)  # A5
-    admitted = tuple(k for k in candidates if k not in low)  # A6
+    low = frozenset(k for k in candidates if counts.get(k, 0) < threshold)  # spec A5
+    admitted = tuple(k for k in candidates if k not in low)  # spec A6
     new = low - skipped
     return tuple(counts.items()), counted | frozenset(offer), skipped | new, admitted, len(new)

@@ -34,6 +34,7 @@ Choices where the spec is silent:
 - ``choose`` (a foreign target's choice, spec section 9) is asked only when the offer fits; the
   model applies what it returns and judges nothing: the oracle does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -78,23 +79,37 @@ def _group(key: bytes) -> int:
 
 
 def _ordered(keys: list, position: Position) -> list:
-    """``keys`` sorted by position when every one has a position, else as they are."""
-    pos = [position(k) for k in keys]
-    return keys if None in pos else [k for _, k in sorted(zip(pos, keys), key=lambda x: x[0])]
+    """``keys`` sorted by position when every one has a position, else as they are (stable)."""
+    pos = {k: position(k) for k in keys}
+    if None in pos.values():
+        return keys
+    return sorted(keys, key=lambda k: pos[k] or 0)
 
 
 class Model:
-    def __init__(self, num_chunks: int, policy: str = "lru", store_threshold: int = 1,
-                 max_tracker_size: int = 64000, recency: str = "touch",
-                 enable_events: bool = True, slots: dict | None = None):
-        for name, value, low in (("num_chunks", num_chunks, 0), ("store_threshold", store_threshold, 0),
-                                 ("max_tracker_size", max_tracker_size, 1)):
+    def __init__(
+        self,
+        num_chunks: int,
+        policy: str = "lru",
+        store_threshold: int = 1,
+        max_tracker_size: int = 64000,
+        recency: str = "touch",
+        enable_events: bool = True,
+        slots: dict | None = None,
+    ):
+        for name, value, low in (
+            ("num_chunks", num_chunks, 0),
+            ("store_threshold", store_threshold, 0),
+            ("max_tracker_size", max_tracker_size, 1),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        for name, value, allowed in (("policy", policy, ("lru", "arc")),
-                                     ("recency", recency, ("touch", "request"))):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        for label, choice, allowed in (
+            ("policy", policy, ("lru", "arc")),
+            ("recency", recency, ("touch", "request")),
+        ):
+            if choice not in allowed:
+                raise ValueError(f"{label} must be one of {allowed}, got {choice!r}")
         self.num_chunks, self.policy, self.recency = num_chunks, policy, recency
         self.request = recency == "request"
         self.threshold, self.max_tracker_size = store_threshold, max_tracker_size
@@ -103,15 +118,16 @@ class Model:
         self.generation = 0
         self.slots = {} if slots is None else slots
         self.events: list = []
-        self.skips, self.samples = 0, []
+        self.skips, self.samples = 0, []  # type: tuple[int, list[int]]
         self._empty()
 
     def _empty(self) -> None:
-        self.resident: dict = {}
-        self.fresh, self.freed = list(range(self.num_chunks)), []
-        self.rank: dict = {}
+        self.resident: dict[bytes, dict[str, int]] = {}
+        self.fresh, self.freed = list(range(self.num_chunks)), []  # type: list[int], list[int]
+        self.rank: dict[bytes, tuple[int, int]] = {}
         self.counter = 0
-        self.t1, self.t2, self.b1, self.b2 = [], [], [], []
+        lists: tuple[list[bytes], ...] = ([], [], [], [])
+        self.t1, self.t2, self.b1, self.b2 = lists
         self.p = 0.0
 
     # ---- inspection
@@ -126,8 +142,13 @@ class Model:
         """The policy's order as plain lists, least recent first (and ARC's p)."""
         if self.policy == "lru":
             return {"lru": self.lru}
-        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1),
-                "b2": list(self.b2), "p": self.p}
+        return {
+            "t1": list(self.t1),
+            "t2": list(self.t2),
+            "b1": list(self.b1),
+            "b2": list(self.b2),
+            "p": self.p,
+        }
 
     def record(self, req) -> Record:
         """``req``'s record in this manager and generation (a new one replaces any other)."""
@@ -138,8 +159,11 @@ class Model:
 
     def counted(self, req) -> set:
         rec = self.slots.get(req)
-        return set(rec.counted) if rec and rec.owner is self and \
-            rec.generation == self.generation else set()
+        return (
+            set(rec.counted)
+            if rec and rec.owner is self and rec.generation == self.generation
+            else set()
+        )
 
     # ---- interface answers that depend on nothing but the call (spec section 9)
     def on_new_request(self, req) -> str:
@@ -238,15 +262,21 @@ class Model:
     def on_request_finished(self, req, position: Position = NO_POSITIONS) -> None:
         """R3: commit the request's recency, once, if its record is this manager's now."""
         rec = self.slots.get(req)
-        if not self.request or rec is None or rec.owner is not self or \
-                rec.generation != self.generation or rec.committed:
+        if (
+            not self.request
+            or rec is None
+            or rec.owner is not self
+            or rec.generation != self.generation
+            or rec.committed
+        ):
             return
         rec.committed = True
         groups: dict = {}
         for k in rec.seen:
             groups.setdefault(_group(k), []).append(k)
-        order = _ordered([k for g in sorted(groups) for k in _ordered(groups[g], position)],
-                         position)
+        order = _ordered(
+            [k for g in sorted(groups) for k in _ordered(groups[g], position)], position
+        )
         for k in reversed(order):  # tail first: the head ends most recent
             if k not in self.resident:
                 continue
@@ -284,32 +314,38 @@ class Model:
                 ghosts.append(k)
 
     # ---- stores
-    def prepare_store(self, keys, req, position: Position = NO_POSITIONS,
-                      choose: Callable | None = None):
+    def prepare_store(
+        self, keys, req, position: Position = NO_POSITIONS, choose: Callable | None = None
+    ):
         """``choose(admitted, need, evictable, free_ids) -> (victims, ids)``: a foreign
         target's choice, applied as given."""
         offer = tuple(dict.fromkeys(_check(keys)))
         rec = self.record(req)
         self.tracker, rec.counted, rec.skipped, admitted, skips = admission_step(
-            self.tracker, rec.counted, rec.skipped, offer, frozenset(self.resident),
-            self.threshold, self.max_tracker_size)
+            self.tracker,
+            rec.counted,
+            rec.skipped,
+            offer,
+            frozenset(self.resident),
+            self.threshold,
+            self.max_tracker_size,
+        )
         self.skips += skips
         misses = [k for k in admitted if k not in rec.misses]  # shown once per request
         rec.misses.update(misses)
         if self.policy == "arc":
-            for k in (reversed(misses) if self.request else misses):
+            for k in reversed(misses) if self.request else misses:
                 self._adapt(k)
         if self.request:  # R1: before the allocation check, so a None keeps it
             ready = [k for k in offer if self.resident.get(k, {"ref": -1})["ref"] >= 0]
-            self._access(rec, [k for k in offer if k in admitted or k in ready], ready,
-                         position)
+            self._access(rec, [k for k in offer if k in admitted or k in ready], ready, position)
         if not admitted:
             return [], [], []
         self.samples.append(len(admitted))
         need = max(0, len(admitted) - len(self.fresh) - len(self.freed))
         ok = {k for k, r in self.resident.items() if r["ref"] == 0 and k not in offer}
         if len(ok) < need:
-            return None  # A8: nothing below this line ran
+            return None  # spec A8: nothing below this line ran
         if choose is not None:
             free = set(self.fresh) | set(self.freed)
             victims, ids = choose(list(admitted), need, ok, free)
@@ -322,8 +358,8 @@ class Model:
             for k in victims:
                 self._drop(k, ghost=True)
             ids = [self.fresh.pop(0) if self.fresh else self.freed.pop() for _ in admitted]
-        del self.b1[:max(0, len(self.b1) - self.num_chunks)]
-        del self.b2[:max(0, len(self.b2) - self.num_chunks)]
+        del self.b1[: max(0, len(self.b1) - self.num_chunks)]
+        del self.b2[: max(0, len(self.b2) - self.num_chunks)]
         if victims:
             self._event(tuple(victims), True, False)
         for k, i in zip(admitted, ids):
@@ -361,7 +397,7 @@ class Model:
 
     # ---- whole cache
     def reset_cache(self) -> None:
-        self._empty()  # tracker counts survive (A7); new records start with the new generation
+        self._empty()  # tracker counts survive (spec A7); new records start with the new generation
         self.generation += 1
 
     def take_events(self) -> list:
@@ -381,10 +417,12 @@ class Model:
         refs = [r["ref"] for r in self.resident.values()]
         pending, pinned = sum(r < 0 for r in refs), sum(r > 0 for r in refs)
         frac = (lambda x: x / self.num_chunks) if self.num_chunks else (lambda x: 0.0)
-        out = {"vllm:kv_offload_cpu_allocation_size": self.samples,
-               "vllm:kv_offload_cpu_cache_usage_perc": frac(pending + pinned),
-               "vllm:kv_offload_cpu_cache_write_usage_perc": frac(pending),
-               "vllm:kv_offload_cpu_cache_read_usage_perc": frac(pinned)}
+        out = {
+            "vllm:kv_offload_cpu_allocation_size": self.samples,
+            "vllm:kv_offload_cpu_cache_usage_perc": frac(pending + pinned),
+            "vllm:kv_offload_cpu_cache_write_usage_perc": frac(pending),
+            "vllm:kv_offload_cpu_cache_read_usage_perc": frac(pinned),
+        }
         if self.threshold >= 2:
             out["vllm:kv_offload_stores_skipped"] = self.skips
         self.skips, self.samples = 0, []

@@ -17,6 +17,7 @@ Capabilities: ``missing`` names the optional calls the manager lacks (machines n
 step that needs one, and the oracle calls neither side); ``Target.recencies`` the recency
 semantics it can be built with (spec section 4); ``Target.note`` is one line for the report.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -31,14 +32,33 @@ POLICIES = ("lru", "arc")
 RECENCIES = ("touch", "request")
 # The calls every manager must have, and the ones it may lack (vLLM 0.34.0 removed touch: its
 # policies learn recency per request).
-REQUIRED_CALLS = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
-                  "reset_cache", "take_events", "get_stats")
-OPTIONAL_CALLS = ("touch", "on_new_request", "on_request_finished", "get_load_source",
-                  "config_info", "has_pending_work")
+REQUIRED_CALLS = (
+    "lookup",
+    "prepare_load",
+    "complete_load",
+    "prepare_store",
+    "complete_store",
+    "reset_cache",
+    "take_events",
+    "get_stats",
+)
+OPTIONAL_CALLS = (
+    "touch",
+    "on_new_request",
+    "on_request_finished",
+    "get_load_source",
+    "config_info",
+    "has_pending_work",
+)
 # Properties that need what an adapter of a foreign manager cannot see or fix (spec section 9).
-EXACT_ONLY = ("chunk ids equal the model's", "evicted keys equal the model's",
-              "policy order equals the model's", "pool accounting",
-              "bad input leaves state unchanged", "repeated keys in one offer")
+EXACT_ONLY = (
+    "chunk ids equal the model's",
+    "evicted keys equal the model's",
+    "policy order equals the model's",
+    "pool accounting",
+    "bad input leaves state unchanged",
+    "repeated keys in one offer",
+)
 # Properties of kvgate's own interface (spec section 8) that vLLM's managers do not promise:
 # they assert on protocol misuse and do not deduplicate an offer.
 KVGATE_INTERFACE_ONLY = ("bad input leaves state unchanged", "repeated keys in one offer")
@@ -61,8 +81,7 @@ class Event(NamedTuple):
 
 def missing_calls(manager_or_class) -> frozenset[str]:
     """The optional calls a manager (or its class) lacks."""
-    return frozenset(n for n in OPTIONAL_CALLS
-                     if not callable(getattr(manager_or_class, n, None)))
+    return frozenset(n for n in OPTIONAL_CALLS if not callable(getattr(manager_or_class, n, None)))
 
 
 def check_interface(manager_or_class, interface: str) -> frozenset[str]:
@@ -142,8 +161,7 @@ class NativeAdapter(Adapter):
         out = self._call("prepare_store", list(keys), ctx)
         if out is None:
             return None
-        return (list(out.keys_to_store), [int(i) for i in out.store_spec],
-                list(out.evicted_keys))
+        return (list(out.keys_to_store), [int(i) for i in out.store_spec], list(out.evicted_keys))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self._call("complete_store", list(keys), ctx, success=success)
@@ -152,8 +170,10 @@ class NativeAdapter(Adapter):
         self._call("reset_cache")
 
     def take_events(self) -> list[Event]:
-        return [Event(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
-                for e in self._call("take_events")]
+        return [
+            Event(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
+            for e in self._call("take_events")
+        ]
 
     def get_stats(self) -> dict | None:
         stats = self._call("get_stats")
@@ -229,10 +249,12 @@ class Target:
     def make(self, config: Config):
         """An adapter over a manager built for ``config``; whatever the constructor raises
         propagates (a machine turns it into a counterexample: spec section 9)."""
-        kwargs: dict[str, Any] = dict(cache_policy=config.cache_policy,
-                                      store_threshold=config.store_threshold,
-                                      max_tracker_size=config.max_tracker_size,
-                                      enable_events=config.enable_events)
+        kwargs: dict[str, Any] = dict(
+            cache_policy=config.cache_policy,
+            store_threshold=config.store_threshold,
+            max_tracker_size=config.max_tracker_size,
+            enable_events=config.enable_events,
+        )
         if self.takes_recency:
             kwargs["recency"] = config.recency
         return self.adapter(self.factory(config.num_chunks, **kwargs))
@@ -248,8 +270,13 @@ def takes_recency(factory: Factory) -> bool:
     return "recency" in params
 
 
-def native_target(spec: str, factory: Factory, policies: tuple[str, ...] = POLICIES,
-                  foreign: bool = False, note: str = "") -> Target:
+def native_target(
+    spec: str,
+    factory: Factory,
+    policies: tuple[str, ...] = POLICIES,
+    foreign: bool = False,
+    note: str = "",
+) -> Target:
     """A kvgate-interface target; a class is checked for the interface here (``TargetError``),
     a factory by what it builds (``check_built``)."""
     if isinstance(factory, type):
@@ -264,8 +291,16 @@ def native_target(spec: str, factory: Factory, policies: tuple[str, ...] = POLIC
     recencies = RECENCIES if takes_recency(factory) else ("touch",)
     if missing and not note:
         note = f"{spec}: lacks {', '.join(sorted(missing))} (never drawn)"
-    return Target(spec, factory, policies, foreign=foreign, missing=missing, note=note,
-                  recencies=recencies, takes_recency=recencies == RECENCIES)
+    return Target(
+        spec,
+        factory,
+        policies,
+        foreign=foreign,
+        missing=missing,
+        note=note,
+        recencies=recencies,
+        takes_recency=recencies == RECENCIES,
+    )
 
 
 def import_attr(path: str):

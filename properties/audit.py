@@ -13,13 +13,14 @@ worker too (``audit.worker``, which must carry data tags: ``gpu_tag`` and ``chun
   audited manager is the oracle, the audit reads the oracle's record (``offers=oracle.offers``:
   the oracle has recorded each offer by the time its answer reaches the audit); else it keeps
   its own. A reset
-  starts every request's offers over, as SPEC A7 starts its counting over; a request is its
+  starts every request's offers over, as spec A7 starts its counting over; a request is its
   context object (a new context with a reused ``req_id`` is a new request).
 - **Data** (``data=True``). Every chunk a load reads holds its key's blocks when the load is
   prepared; every load job that completes has brought those blocks to its GPU blocks; every
   chunk whose store completed holds its key's blocks (``stored_data_errors()``). The blocks of
   each request are registered with ``expect(request)`` after the driver added it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -37,16 +38,30 @@ def driver_hooks(manager: Any) -> dict[str, Any]:
     has an adapter's face): contexts of the target's own type, key positions set through the
     adapter (which translates keys), stats already a metric-name dict, and ``touch`` only where
     the target has it."""
-    return {"new_context": manager.new_context, "set_position": manager.set_position,
-            "stats_dict": dict, "touch": "touch" not in manager.missing}
+    return {
+        "new_context": manager.new_context,
+        "set_position": manager.set_position,
+        "stats_dict": dict,
+        "touch": "touch" not in manager.missing,
+    }
 
 
 class Audit:
-    def __init__(self, manager: Any, worker: Any, threshold: int, blocks_per_chunk: int = 1,
-                 *, data: bool, offers: Offers | None = None):
+    def __init__(
+        self,
+        manager: Any,
+        worker: Any,
+        threshold: int,
+        blocks_per_chunk: int = 1,
+        *,
+        data: bool,
+        offers: Offers | None = None,
+    ):
         if data and not all(callable(getattr(worker, n, None)) for n in ("gpu_tag", "chunk_tags")):
-            raise TypeError(f"the data checks need a worker with data tags (gpu_tag, chunk_tags); "
-                            f"{type(worker).__name__} has none")
+            raise TypeError(
+                f"the data checks need a worker with data tags (gpu_tag, chunk_tags); "
+                f"{type(worker).__name__} has none"
+            )
         self.threshold = threshold
         self.blocks_per_chunk = blocks_per_chunk
         self.data = data
@@ -79,7 +94,7 @@ class Audit:
         if self.data:
             bpc = self.blocks_per_chunk
             for i, key in enumerate(request.keys):
-                self._expected[key] = tuple(request.block_hashes[i * bpc:(i + 1) * bpc])
+                self._expected[key] = tuple(request.block_hashes[i * bpc : (i + 1) * bpc])
 
     def expected_tags(self, key: bytes) -> tuple:
         """The tags of the blocks ``key`` stands for (registered with ``expect``)."""
@@ -100,8 +115,9 @@ class Audit:
         if self._records:
             self.offers.offered(keys, self.handles.of(ctx), tracked_before=set())
 
-    def _admitted(self, keys: Sequence[bytes], chunk_ids: Sequence[int],
-                  evicted: Iterable[bytes]) -> None:
+    def _admitted(
+        self, keys: Sequence[bytes], chunk_ids: Sequence[int], evicted: Iterable[bytes]
+    ) -> None:
         for key in evicted:
             self._stored.pop(key, None)
         for key, chunk in zip(keys, chunk_ids):
@@ -133,11 +149,13 @@ class Audit:
         for key, chunk in zip(keys, chunk_ids):
             held = tuple(self._tags.chunk_tags(chunk))
             if key in self._expected and held != self._expected[key]:
-                self._error(f"chunk {chunk} of key {key.hex()} holds {held!r} when its load "
-                            "is prepared")
+                self._error(
+                    f"chunk {chunk} of key {key.hex()} holds {held!r} when its load is prepared"
+                )
 
-    def _load_submitted(self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int],
-                        offset: int) -> None:
+    def _load_submitted(
+        self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int], offset: int
+    ) -> None:
         tags = [t for c in chunk_ids for t in self._tags.chunk_tags(c)][offset:]
         self._loads[job_id] = (list(gpu_blocks), tags, list(chunk_ids))
 

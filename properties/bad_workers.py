@@ -4,6 +4,7 @@ Every one of them must make ``properties.worker_machine`` fail (tests/test_worke
 that it does, under the ci profile, with a shrunk counterexample). A check that none of them
 trips is a check that cannot fail.
 """
+
 from __future__ import annotations
 
 import torch
@@ -77,7 +78,13 @@ class FailsEitherDirection(OffloadWorker):
         self._fail_budget[None] += n
 
 
-BAD_WORKERS = (OffByOneOffset, CopiesPaddedPage, ReportsBeforeCopy, ReportsOutOfOrder,
-               WritesBeforeValidating, FailsEitherDirection)
+BAD_WORKERS = (
+    OffByOneOffset,
+    CopiesPaddedPage,
+    ReportsBeforeCopy,
+    ReportsOutOfOrder,
+    WritesBeforeValidating,
+    FailsEitherDirection,
+)
 
 __all__ = [cls.__name__ for cls in BAD_WORKERS] + ["BAD_WORKERS"]

@@ -10,6 +10,7 @@ that size holds contexts only, and a context freed right before the next is made
 memory. The fields come from a context the target's adapter made the usual way, so the manager
 sees a context like any other (``isinstance`` holds; the scratch store is its own).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,8 +27,7 @@ class Contexts:
         padded = self._padded.get(cls)
         if padded is None:
             slots = tuple(f"_kvgate_pad{i}" for i in range(PAD_SLOTS))
-            padded = type(cls.__name__, (cls,), {"__slots__": slots,
-                                                 "__module__": cls.__module__})
+            padded = type(cls.__name__, (cls,), {"__slots__": slots, "__module__": cls.__module__})
             self._padded[cls] = padded
         return padded
 

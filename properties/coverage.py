@@ -9,6 +9,7 @@ labels its history earns are counted into the class's ``coverage`` counter (one 
 class) and reported to Hypothesis as events; the runner reads ``coverage``, and the tests
 require every label of ``expected_labels()`` to fire.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -9,6 +9,7 @@ fails on any, naming the installed version and ``CHECKED_WITH``, so that an upgr
 one is seen at once rather than as a machine that got slower, examples that differ, or a
 counterexample that stopped shrinking.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,7 +52,8 @@ def rule_ready(machine: Any, rule: Any) -> bool:
     """Whether ``rule`` may run now: every bundle it draws from holds a value (the machine's
     ``bundles``) and every precondition holds."""
     return all(machine.bundles.get(b.name) for b in rule.bundles) and all(
-        p(machine) for p in rule.preconditions)
+        p(machine) for p in rule.preconditions
+    )
 
 
 def rule_arguments(rule: Any) -> dict[str, Any]:
@@ -64,8 +66,11 @@ def draw_integer(data: Any, low: int, high: int) -> int:
 
 
 def can_replace_rule_strategy(machine: Any) -> bool:
-    return _RuleStrategy is not None and hasattr(_RuleStrategy, "_setup_for") and hasattr(
-        machine, "_rules_strategy")
+    return (
+        _RuleStrategy is not None
+        and hasattr(_RuleStrategy, "_setup_for")
+        and hasattr(machine, "_rules_strategy")
+    )
 
 
 def replace_rule_strategy(machine: Any, strategy: Any) -> None:
@@ -91,8 +96,10 @@ def key_by_name(machine_cls: type, name: str) -> None:
 def is_step_rule(fn: Any) -> bool:
     """A ``@rule`` method that is not an ``@initialize`` one (the marks the decorators leave),
     so that a counterexample's length counts its steps, not its set-up."""
-    return getattr(fn, "hypothesis_stateful_rule", None) is not None and getattr(
-        fn, "hypothesis_stateful_initialize_rule", None) is None
+    return (
+        getattr(fn, "hypothesis_stateful_rule", None) is not None
+        and getattr(fn, "hypothesis_stateful_initialize_rule", None) is None
+    )
 
 
 def collect_statistics(receive: Callable[[dict], None]) -> contextlib.AbstractContextManager:
@@ -100,6 +107,7 @@ def collect_statistics(receive: Callable[[dict], None]) -> contextlib.AbstractCo
     ``hypothesis.statistics.collector`` hands to ``receive`` as a dict: the runs' "new / from
     the database / invalid / while shrinking" figures."""
     from hypothesis.statistics import collector
+
     return collector.with_value(receive)
 
 
@@ -125,6 +133,7 @@ def stop_local_constants() -> bool:
 def local_constants() -> Any:
     """The pool of source constants draws are biased with now (empty once stopped)."""
     from hypothesis.internal.conjecture import providers
+
     return providers._get_local_constants()
 
 
@@ -183,42 +192,59 @@ def problems() -> list[str]:
     out = []
     try:
         rules = machine_rules(Probe)
-        if [rule_name(r) for r in rules] != ["step"] or list(rule_arguments(rules[0])) != ["n"] \
-                or not rule_ready(Probe(), rules[0]):
-            out.append("RuleStrategy._setup_for's rules are not (function, bundles, "
-                       "preconditions, arguments_strategies) as kvgate reads them (rule choice)")
+        if (
+            [rule_name(r) for r in rules] != ["step"]
+            or list(rule_arguments(rules[0])) != ["n"]
+            or not rule_ready(Probe(), rules[0])
+        ):
+            out.append(
+                "RuleStrategy._setup_for's rules are not (function, bundles, "
+                "preconditions, arguments_strategies) as kvgate reads them (rule choice)"
+            )
         if not can_replace_rule_strategy(Probe()):
             out.append("a machine keeps no _rules_strategy to replace (rule choice)")
     except Exception as exc:  # any error here is the changed API, named below
-        out.append(f"RuleStrategy._setup_for, its Rule objects or a machine's rule strategy "
-                   f"changed: {type(exc).__name__}: {exc} (rule choice)")
+        out.append(
+            f"RuleStrategy._setup_for, its Rule objects or a machine's rule strategy "
+            f"changed: {type(exc).__name__}: {exc} (rule choice)"
+        )
     from hypothesis.internal.conjecture.data import ConjectureData
+
     params = list(inspect.signature(ConjectureData.draw_integer).parameters)[1:3]
     if params != ["min_value", "max_value"]:
-        out.append(f"ConjectureData.draw_integer takes {params}, not (min_value, max_value) "
-                   "(rule choice)")
+        out.append(
+            f"ConjectureData.draw_integer takes {params}, not (min_value, max_value) (rule choice)"
+        )
     if not hasattr(SearchStrategy, "do_draw"):
         out.append("SearchStrategy has no do_draw (rule choice)")
     from hypothesis.internal.reflection import function_digest
+
     twins = [type("Twin", (), {}) for _ in range(2)]
     key_by_name(twins[0], "one")
     key_by_name(twins[1], "two")
     if function_digest(twins[0]) == function_digest(twins[1]):
-        out.append("_hypothesis_internal_add_digest no longer enters a test's digest (runner: "
-                   "database and derandomization keys)")
+        out.append(
+            "_hypothesis_internal_add_digest no longer enters a test's digest (runner: "
+            "database and derandomization keys)"
+        )
     if not is_step_rule(Probe.step) or is_step_rule(Probe.set_up):
-        out.append("the hypothesis_stateful_rule / _initialize_rule marks changed (runner: "
-                   "step counts)")
+        out.append(
+            "the hypothesis_stateful_rule / _initialize_rule marks changed (runner: step counts)"
+        )
     try:
         with collect_statistics(lambda stats: None):
             pass
     except (ImportError, AttributeError) as exc:
         out.append(f"hypothesis.statistics.collector changed: {exc!r} (runner: phase figures)")
     from hypothesis.internal.conjecture import providers
+
     if not (hasattr(providers, "_get_local_constants") and hasattr(providers, "_local_constants")):
-        out.append("providers._get_local_constants/_local_constants are gone (profiles: the "
-                   "source-constant pool would stay on)")
+        out.append(
+            "providers._get_local_constants/_local_constants are gone (profiles: the "
+            "source-constant pool would stay on)"
+        )
     from hypothesis.internal.conjecture import engine
+
     if not isinstance(getattr(engine, "MAX_SHRINKING_SECONDS", None), (int, float)):
         out.append("engine.MAX_SHRINKING_SECONDS is gone (bench: shrinking deadline)")
     try:
@@ -227,9 +253,14 @@ def problems() -> list[str]:
         out.append("hypothesis.reporting.with_reporter is gone (bench: quiet shrinking)")
     from hypothesis.database import InMemoryExampleDatabase
     from hypothesis.internal.conjecture.engine import ConjectureRunner
+
     runner = ConjectureRunner(lambda data: None, database_key=b"k")
-    if not isinstance(getattr(InMemoryExampleDatabase(), "data", None), dict) or \
-            getattr(runner, "secondary_key", None) != b"k.secondary":
-        out.append("the in-memory database's data or the .secondary corpus changed (bench: "
-                   "shrinking a saved failure)")
+    if (
+        not isinstance(getattr(InMemoryExampleDatabase(), "data", None), dict)
+        or getattr(runner, "secondary_key", None) != b"k.secondary"
+    ):
+        out.append(
+            "the in-memory database's data or the .secondary corpus changed (bench: "
+            "shrinking a saved failure)"
+        )
     return out

@@ -28,7 +28,7 @@ The manager's whole contract, not one scheduler's habits (spec section 2):
   so the new context takes the dead one's memory and ``id`` (``properties/contexts.py``): a
   manager that keys its records by ``id(ctx)`` meets a stranger's records.
 - **Two manager instances** (when ``instances=2``): ``switch_manager`` moves every later step
-  to a new manager, and the live request contexts go with it (A7: records are tied to their
+  to a new manager, and the live request contexts go with it (spec A7: records are tied to their
   manager). Never back: a context's scratch store holds one record per type (spec section 1),
   so a manager that ties its record to itself replaces the other's (impl and vLLM both do); the
   two models share one table of records (``Model.slots``) to follow that.
@@ -42,6 +42,7 @@ Coverage labels count decisions taken in a step (an eviction attempted while T1 
 victim, a key refused by a full tracker, a commit that moved a key), not states passed through.
 Draws are cheap: an offer is one integer into a table of every offer (``OFFERS``).
 """
+
 from __future__ import annotations
 
 import re
@@ -52,7 +53,15 @@ from hypothesis import strategies as st
 from hypothesis import target as hypothesis_target
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import (
-    Bundle, RuleBasedStateMachine, consumes, initialize, invariant, multiple, precondition, rule)
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+)
 
 from kvgate.impl.base import make_key
 from kvgate.model.cache import Model
@@ -64,8 +73,15 @@ from .offers import Handles
 from .oracle import EXACT_ONLY, LockstepManager, build
 from .rule_choice import install as install_rule_choice
 
-__all__ = ["EXACT_ONLY", "KEYS", "LABELS", "ManagerMachine", "OFFERS", "make_machine",
-           "machine_name"]
+__all__ = [
+    "EXACT_ONLY",
+    "KEYS",
+    "LABELS",
+    "ManagerMachine",
+    "OFFERS",
+    "make_machine",
+    "machine_name",
+]
 
 KEY_NAMES = "ABCDEF"
 GROUP_OF = {"A": 0, "B": 0, "C": 0, "D": 0, "E": 1, "F": 1}
@@ -75,9 +91,12 @@ TOKENS_PER_KEY = 16
 # How a request places its keys (end tokens), spec R3: "prefix" gives each key the next
 # position when the request first offers or loads it; the others are fixed at its start.
 LAYOUTS = ("prefix", "alphabetical", "reversed", "some", "none")
-FIXED = {"alphabetical": {"A": 1, "B": 2, "C": 3, "D": 4, "E": 1, "F": 2},
-         "reversed": {"A": 6, "B": 5, "C": 4, "D": 3, "E": 2, "F": 1},
-         "some": {"A": 2, "B": 1, "E": 3}, "none": {}}
+FIXED = {
+    "alphabetical": {"A": 1, "B": 2, "C": 3, "D": 4, "E": 1, "F": 2},
+    "reversed": {"A": 6, "B": 5, "C": 4, "D": 3, "E": 2, "F": 1},
+    "some": {"A": 2, "B": 1, "E": 3},
+    "none": {},
+}
 layouts = st.integers(0, len(LAYOUTS) - 1).map(lambda i: LAYOUTS[i])
 
 
@@ -101,14 +120,22 @@ N_SHORT = sum(1 for o in OFFERS[:N_DISTINCT] if len(o) <= 3)
 offer_keys = st.integers(0, len(OFFERS) - 1).map(lambda i: list(OFFERS[i]))
 distinct_keys = st.integers(0, N_DISTINCT - 1).map(lambda i: list(OFFERS[i]))
 some_keys = st.integers(0, N_SHORT - 1).map(lambda i: list(OFFERS[i]))  # 1 to 3 keys
-BAD_CALLS = tuple((kind, list(good), bad)
-                  for kind in ("prepare_load", "complete_load", "key type", "context")
-                  for bad in KEY_NAMES for good in dict.fromkeys(o for o in OFFERS if len(o) <= 2)
-                  if bad not in good)
+BAD_CALLS = tuple(
+    (kind, list(good), bad)
+    for kind in ("prepare_load", "complete_load", "key type", "context")
+    for bad in KEY_NAMES
+    for good in dict.fromkeys(o for o in OFFERS if len(o) <= 2)
+    if bad not in good
+)
 bad_calls = st.integers(0, len(BAD_CALLS) - 1).map(lambda i: BAD_CALLS[i])
 # Configurations the model refuses; a kvgate-interface target must too, naming the parameter.
-BAD_CONFIGS = (("num_chunks", -1), ("num_chunks", "2"), ("store_threshold", -1),
-               ("max_tracker_size", 0), ("cache_policy", "nope"))
+BAD_CONFIGS = (
+    ("num_chunks", -1),
+    ("num_chunks", "2"),
+    ("store_threshold", -1),
+    ("max_tracker_size", 0),
+    ("cache_policy", "nope"),
+)
 LARGE_TRACKER = 64_000
 
 
@@ -145,29 +172,36 @@ LABELS = {
     "stats read across a reset with unreported stats": lambda e: e.get("unreported", False),
     "metadata-only removal filtered at drain": lambda e: e.get("filtered", False),
     "skip of a key the request had admitted": lambda e: e.get("skip_after_admit", False),
-    "eviction needed while T1 has no idle victim and T2 a pinned key":
-        lambda e: e.get("t2_pinned", False),
+    "eviction needed while T1 has no idle victim and T2 a pinned key": lambda e: e.get(
+        "t2_pinned", False
+    ),
     "bad input refused": lambda e: e["rule"] == "bad_input" and e.get("refused", False),
-    "configuration with events off": lambda e: e["rule"] == "configure"
-        and not e["enable_events"],
-    "configuration with a large tracker": lambda e: e["rule"] == "configure"
-        and e["max_tracker_size"] == LARGE_TRACKER,
+    "configuration with events off": lambda e: e["rule"] == "configure" and not e["enable_events"],
+    "configuration with a large tracker": lambda e: (
+        e["rule"] == "configure" and e["max_tracker_size"] == LARGE_TRACKER
+    ),
     # request-scoped recency (spec R1-R7)
     "commit at finish moved a key": lambda e: e["rule"] == "finish" and e.get("moved", False),
     "commit of keys in two groups": lambda e: e["rule"] == "finish" and e.get("groups", 0) > 1,
-    "commit in first-sight order (a key without a position)": lambda e: e["rule"] == "finish"
-        and e.get("moved", False) and e.get("unplaced", False),
+    "commit in first-sight order (a key without a position)": lambda e: (
+        e["rule"] == "finish" and e.get("moved", False) and e.get("unplaced", False)
+    ),
     "first sight lifted a rank": lambda e: e.get("lifted", False),
     "reuse promoted to T2 at finish": lambda e: e["rule"] == "finish" and e.get("promoted", False),
     "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"]),
 }
 KVGATE_INTERFACE_ONLY = ("repeated key in one offer", "bad input refused")
-REQUEST_ONLY = ("commit at finish moved a key", "commit of keys in two groups",
-                "commit in first-sight order (a key without a position)",
-                "first sight lifted a rank",
-                "reuse promoted to T2 at finish")
-ARC_ONLY = ("eviction needed while T1 has no idle victim and T2 a pinned key",
-            "reuse promoted to T2 at finish")
+REQUEST_ONLY = (
+    "commit at finish moved a key",
+    "commit of keys in two groups",
+    "commit in first-sight order (a key without a position)",
+    "first sight lifted a rank",
+    "reuse promoted to T2 at finish",
+)
+ARC_ONLY = (
+    "eviction needed while T1 has no idle victim and T2 a pinned key",
+    "reuse promoted to T2 at finish",
+)
 LRU_ONLY = ("first sight lifted a rank",)
 
 
@@ -212,10 +246,24 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     LABELS = LABELS
     # How the next rule is picked (properties/rule_choice.py): offers weigh most, and the
     # first rules are where shrinking goes.
-    RULE_WEIGHTS = {"offer": 4, "retry": 2, "preempt_and_resume": 2, "complete_store": 2,
-                    "fail_store": 1, "flush_stores": 1, "read_stats": 1, "take_events": 1,
-                    "finish": 2, "reset": 1, "load": 2, "complete_load": 1, "touch": 1,
-                    "lookup": 1, "switch_manager": 1, "bad_input": 1}
+    RULE_WEIGHTS = {
+        "offer": 4,
+        "retry": 2,
+        "preempt_and_resume": 2,
+        "complete_store": 2,
+        "fail_store": 1,
+        "flush_stores": 1,
+        "read_stats": 1,
+        "take_events": 1,
+        "finish": 2,
+        "reset": 1,
+        "load": 2,
+        "complete_load": 1,
+        "touch": 1,
+        "lookup": 1,
+        "switch_manager": 1,
+        "bad_input": 1,
+    }
     SWARM_ALWAYS = ("offer",)
 
     requests = Bundle("requests")
@@ -231,11 +279,17 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     @classmethod
     def expected_labels(cls) -> tuple[str, ...]:
         target = cls.TARGET
-        skip = set(KVGATE_INTERFACE_ONLY) if target.foreign or not target.kvgate_interface \
-            else set()
+        skip = (
+            set(KVGATE_INTERFACE_ONLY) if target.foreign or not target.kvgate_interface else set()
+        )
         if "touch" in target.missing:  # T2 fills only by reuse at finish: rarely pinned then
-            skip.update(("touch", "load after touch",
-                         "eviction needed while T1 has no idle victim and T2 a pinned key"))
+            skip.update(
+                (
+                    "touch",
+                    "load after touch",
+                    "eviction needed while T1 has no idle victim and T2 a pinned key",
+                )
+            )
         if "request" not in target.recencies:
             skip.update(REQUEST_ONLY)
         if "arc" not in cls.POLICIES:
@@ -257,12 +311,26 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.handles = Handles()
         slots: dict = {}  # one record per request, whichever manager took it (Model.slots)
         for _ in range(instances):
-            model = Model(config.num_chunks, config.cache_policy, config.store_threshold,
-                          config.max_tracker_size, config.recency, config.enable_events, slots)
+            model = Model(
+                config.num_chunks,
+                config.cache_policy,
+                config.store_threshold,
+                config.max_tracker_size,
+                config.recency,
+                config.enable_events,
+                slots,
+            )
             adapter = build(self.TARGET, config, model)
-            self.oracles.append(LockstepManager(adapter, model, foreign=self.foreign,
-                                                log=self.history, key_name=name_of,
-                                                handles=self.handles))
+            self.oracles.append(
+                LockstepManager(
+                    adapter,
+                    model,
+                    foreign=self.foreign,
+                    log=self.history,
+                    key_name=name_of,
+                    handles=self.handles,
+                )
+            )
         self.active = 0
         self.generations = [0] * instances
         self.steps = self.n_requests = 0
@@ -277,8 +345,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.empty = None  # kvgate-interface targets: a twin with no chunks, read with the stats
         if self.exact_interface:
             self._check_construction(config)
-        return multiple(*(self._new_request(req_id, layout)[0]
-                          for req_id, layout in zip(REQ_IDS, layouts)))
+        return multiple(
+            *(self._new_request(req_id, layout)[0] for req_id, layout in zip(REQ_IDS, layouts))
+        )
 
     def _check_construction(self, config: Config):
         """A kvgate-interface target keeps the configuration it was given, can be built with
@@ -288,17 +357,28 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         for attr in ("store_threshold", "cache_policy"):
             got, want = getattr(t, attr, getattr(config, attr)), getattr(config, attr)
             assert got == want, f"target's {attr} is {got!r}, built with {want!r}"
-        empty = Config(0, config.cache_policy, config.store_threshold, config.max_tracker_size,
-                       config.enable_events, config.recency)
-        model = Model(0, config.cache_policy, config.store_threshold, config.max_tracker_size,
-                      config.recency, config.enable_events)
+        empty = Config(
+            0,
+            config.cache_policy,
+            config.store_threshold,
+            config.max_tracker_size,
+            config.enable_events,
+            config.recency,
+        )
+        model = Model(
+            0,
+            config.cache_policy,
+            config.store_threshold,
+            config.max_tracker_size,
+            config.recency,
+            config.enable_events,
+        )
         self.empty = LockstepManager(build(self.TARGET, empty, model), model, key_name=name_of)
         good = dict(empty.__dict__, num_chunks=1)
         for name, value in BAD_CONFIGS:
             bad = Config(**{**good, name: value})
             try:
-                Model(bad.num_chunks, bad.cache_policy, bad.store_threshold,
-                      bad.max_tracker_size)
+                Model(bad.num_chunks, bad.cache_policy, bad.store_threshold, bad.max_tracker_size)
             except ValueError:
                 pass
             else:  # pragma: no cover - the table is wrong
@@ -306,8 +386,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             try:
                 self.TARGET.make(bad)
             except Exception as exc:
-                assert re.search(rf"\b{name}\b", str(exc)), \
+                assert re.search(rf"\b{name}\b", str(exc)), (
                     f"{name}={value!r} refused with an error that does not name {name}: {exc}"
+                )
             else:
                 raise AssertionError(f"the target accepts {name}={value!r}")
 
@@ -331,13 +412,15 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
                 hypothesis_target(float(self.max_victims), label="victims per offer")
                 hypothesis_target(float(self.max_pinned), label="pinned chunks")
                 hypothesis_target(float(self.pushouts), label="tracker push-outs")
-                hypothesis_target(float(self.rare), label="filtered removals, skips of "
-                                  "admitted keys")
+                hypothesis_target(
+                    float(self.rare), label="filtered removals, skips of admitted keys"
+                )
 
     # --- requests and positions ---
 
-    def _new_request(self, req_id: str, layout: str,
-                     replacing: Req | None = None) -> tuple[Req, bool]:
+    def _new_request(
+        self, req_id: str, layout: str, replacing: Req | None = None
+    ) -> tuple[Req, bool]:
         """A new request; ``replacing``: a finished one whose context is dropped (if no job of
         it is in flight) right before the new context is made, so that the new context takes
         its memory, the same way in every replay of the example."""
@@ -356,7 +439,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         return req, reused
 
     def _place(self, req: Req, keys: list[bytes]) -> None:
-        """"prefix" layout: each key the request shows for the first time ends next."""
+        """ "prefix" layout: each key the request shows for the first time ends next."""
         if req.layout != "prefix":
             return
         for key in keys:
@@ -371,7 +454,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self._begin()
         keys = [KEYS[n] for n in key_names]
         repeated = len(set(keys)) < len(keys)
-        if not self.exact_interface:  # upstream managers do not deduplicate; schedulers never repeat
+        if (
+            not self.exact_interface
+        ):  # upstream managers do not deduplicate; schedulers never repeat
             keys = list(dict.fromkeys(keys))
         return self._offer("offer", req, keys, repeated=repeated and self.exact_interface)
 
@@ -422,13 +507,23 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.max_victims = max(self.max_victims, victims)
         self.pushouts += len(pushed)
         self.rare += bool(newly_skipped & admitted)
-        self.record(rule_name, req=repr(req), keys=[name_of(k) for k in keys], none=got is None,
-                    victims=victims, pushed_out=bool(pushed),
-                    refused_by_tracker=full and any(k not in tracked for k in keys),
-                    skip_after_admit=bool(newly_skipped & admitted),
-                    lifted=any(k in ranks and ranks[k] < model.rank.get(k, ranks[k])
-                               for k in keys if got is None or k not in got[0]),
-                    t2_pinned=t2_pinned and needed, **facts)
+        self.record(
+            rule_name,
+            req=repr(req),
+            keys=[name_of(k) for k in keys],
+            none=got is None,
+            victims=victims,
+            pushed_out=bool(pushed),
+            refused_by_tracker=full and any(k not in tracked for k in keys),
+            skip_after_admit=bool(newly_skipped & admitted),
+            lifted=any(
+                k in ranks and ranks[k] < model.rank.get(k, ranks[k])
+                for k in keys
+                if got is None or k not in got[0]
+            ),
+            t2_pinned=t2_pinned and needed,
+            **facts,
+        )
         if got is None or not got[0]:
             return multiple()
         admitted.update(got[0])
@@ -442,12 +537,13 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         """ARC: T2 holds a pinned key while T1 has no idle key this offer could evict."""
         r = model.resident
         return any(r[k]["ref"] > 0 for k in model.t2) and not any(
-            r[k]["ref"] == 0 and k not in keys for k in model.t1)
+            r[k]["ref"] == 0 and k not in keys for k in model.t1
+        )
 
     @rule(target=requests, req=consumes(requests), layout=layouts)
     def finish(self, req, layout):
         """The request ends (its recency is committed: spec R3) and the next one starts at
-        once, with the same ``req_id`` (a new context is a new request, A3) and its own
+        once, with the same ``req_id`` (a new context is a new request, spec A3) and its own
         position layout; its context is made right after the finished one's is dropped (when
         no job of it is in flight), so it often takes the same memory."""
         self._begin()
@@ -461,14 +557,18 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             oracle.on_request_finished(req.ctx)
         after = model.policy_state()
         seen = list(rec.seen) if rec is not None and rec.owner is model else []
-        facts = dict(moved=before != after, layout=req.layout,
-                     groups=len({GROUP_OF[name_of(k)] for k in seen if k in model.resident}),
-                     unplaced=any(self.oracle.position(req.ctx, k) is None for k in seen),
-                     promoted=bool(t1_before & set(model.t2)))
+        facts = dict(
+            moved=before != after,
+            layout=req.layout,
+            groups=len({GROUP_OF[name_of(k)] for k in seen if k in model.resident}),
+            unplaced=any(self.oracle.position(req.ctx, k) is None for k in seen),
+            promoted=bool(t1_before & set(model.t2)),
+        )
         nxt, reused = self._new_request(req.req_id, layout, replacing=req)
         dropped = req.ctx is None
-        self.record("finish", req=repr(req), next=repr(nxt), dropped=dropped, id_reused=reused,
-                    **facts)
+        self.record(
+            "finish", req=repr(req), next=repr(nxt), dropped=dropped, id_reused=reused, **facts
+        )
         return nxt
 
     def _drop_if_done(self, req: Req) -> bool:
@@ -626,8 +726,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         """Drain the events at a drawn point; they must replay to the ready keys."""
         self._begin()
         model = self.model
-        filtered = any(meta and any(k in model.resident for k in keys)
-                       for keys, _, meta, _, _ in model.events)
+        filtered = any(
+            meta and any(k in model.resident for k in keys) for keys, _, meta, _, _ in model.events
+        )
         self.oracle.take_events()
         self.rare += filtered
         self.record("take_events", filtered=filtered)
@@ -647,19 +748,27 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         refused = True
         if kind == "prepare_load" and model.lookup(key) != "HIT":
             keys = [KEYS[n] for n in good if model.lookup(KEYS[n]) == "HIT"] + [key]
-            oracle.refuse("prepare_load", (keys,),
-                          lambda: target.prepare_load(keys, req.ctx), key)
+            oracle.refuse("prepare_load", (keys,), lambda: target.prepare_load(keys, req.ctx), key)
         elif kind == "complete_load" and model.resident.get(key, {"ref": 0})["ref"] <= 0:
-            oracle.refuse("complete_load", ([key],),
-                          lambda: target.complete_load([key], req.ctx), key)
+            oracle.refuse(
+                "complete_load", ([key],), lambda: target.complete_load([key], req.ctx), key
+            )
         elif kind == "key type":
             keys = [KEYS[n] for n in good] + ["not-bytes"]
-            oracle.refuse("prepare_store", (keys, req.ctx),
-                          lambda: target.prepare_store(keys, req.ctx), "not-bytes")
+            oracle.refuse(
+                "prepare_store",
+                (keys, req.ctx),
+                lambda: target.prepare_store(keys, req.ctx),
+                "not-bytes",
+            )
         elif kind == "context":  # a store needs a request context: it must name what it got
             keys = [KEYS[n] for n in good]
-            oracle.refuse("prepare_store", (keys, "not-a-context"),
-                          lambda: target.prepare_store(keys, "not-a-context"), "not-a-context")
+            oracle.refuse(
+                "prepare_store",
+                (keys, "not-a-context"),
+                lambda: target.prepare_store(keys, "not-a-context"),
+                "not-a-context",
+            )
         else:
             refused = False
         self.record("bad_input", kind=kind, refused=refused)
@@ -686,19 +795,37 @@ def make_machine(target: Target, policies: tuple[str, ...] | None = None):
         TARGET = target
         POLICIES = policies
 
-        @initialize(target=ManagerMachine.requests, num_chunks=st.integers(1, 5),
-                    store_threshold=st.sampled_from([2, 1, 2, 1, 3, 0, 4]),
-                    max_tracker_size=st.sampled_from([1, 2, 3, 4, 5, 6, LARGE_TRACKER]),
-                    policy=st.sampled_from(policies), recency=st.sampled_from(recencies),
-                    enable_events=st.sampled_from([True, True, False]),
-                    instances=st.integers(1, 2), layouts=st.lists(layouts, min_size=3,
-                                                                  max_size=3))
-        def configure(self, num_chunks, store_threshold, max_tracker_size, policy, recency,
-                      enable_events, instances, layouts):
+        @initialize(
+            target=ManagerMachine.requests,
+            num_chunks=st.integers(1, 5),
+            store_threshold=st.sampled_from([2, 1, 2, 1, 3, 0, 4]),
+            max_tracker_size=st.sampled_from([1, 2, 3, 4, 5, 6, LARGE_TRACKER]),
+            policy=st.sampled_from(policies),
+            recency=st.sampled_from(recencies),
+            enable_events=st.sampled_from([True, True, False]),
+            instances=st.integers(1, 2),
+            layouts=st.lists(layouts, min_size=3, max_size=3),
+        )
+        def configure(
+            self,
+            num_chunks,
+            store_threshold,
+            max_tracker_size,
+            policy,
+            recency,
+            enable_events,
+            instances,
+            layouts,
+        ):
             """Build targets and models; three requests run from the start (each one that
             finishes is followed by the next), so offers can begin at step one."""
-            return self._configure(Config(num_chunks, policy, store_threshold, max_tracker_size,
-                                          enable_events, recency), instances, layouts)
+            return self._configure(
+                Config(
+                    num_chunks, policy, store_threshold, max_tracker_size, enable_events, recency
+                ),
+                instances,
+                layouts,
+            )
 
     Machine.__name__ = Machine.__qualname__ = machine_name("ManagerMachine", target.spec)
     return Machine

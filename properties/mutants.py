@@ -5,6 +5,7 @@ each variant and require the machine to catch it with a short counterexample. A 
 docstring says what it breaks. ``MUTANTS`` maps a name to a ``Mutant`` (factory, the policies
 under which the bug shows, and whether the scheduler path alone must catch it).
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -29,6 +30,7 @@ def _with_tracker(tracker_cls):
 
 
 # --- admission: counting, the skip metric, resets (the rule the project exists for) ---
+
 
 class EveryOfferCounts(OffloadingManager):
     """Upstream before the fix: every offer counts (retries and re-offers too), and so does
@@ -82,7 +84,7 @@ class ResetKeepsCounting(_ContextRecordCheck):
 
 
 class RecordsNotTiedToManager(_ContextRecordCheck):
-    """Per-request records are checked for the generation only, not for their manager (A7): a
+    """Per-request records are checked for the generation only, not for their manager (spec A7): a
     context shown to a new manager brings the old manager's records, so its offers of keys it
     counted there do not count here."""
 
@@ -98,8 +100,9 @@ class _RecordsInManager(OffloadingManager):
         self._kept: dict[tuple, RequestRecord] = {}
 
     def _record(self, ctx):
-        return self._kept.setdefault((self._key(ctx), self.generation),
-                                     RequestRecord(self._token, self.generation))
+        return self._kept.setdefault(
+            (self._key(ctx), self.generation), RequestRecord(self._token, self.generation)
+        )
 
 
 class RecordsByReqId(_RecordsInManager):
@@ -154,7 +157,7 @@ class OldReentryTracker(AdmissionTracker):
 DroppedKeyNotRetracked = _with_tracker(OldReentryTracker)
 DroppedKeyNotRetracked.__name__ = DroppedKeyNotRetracked.__qualname__ = "DroppedKeyNotRetracked"
 DroppedKeyNotRetracked.__doc__ = """The first spec's re-entry rule: a key this request counted
-before the tracker dropped it is not tracked again by the request's re-offer, where amended A2
+before the tracker dropped it is not tracked again by the request's re-offer, where spec A2
 (and vLLM 0.34.0) enter it again with count 1."""
 
 
@@ -163,15 +166,16 @@ class _SkipByCountedTracker(AdmissionTracker):
         offered_before = set(counted)
         admitted, _ = super().admit(offer, counted, skipped, is_resident)
         stored = set(admitted)
-        return admitted, sum(1 for k in offer if not is_resident(k) and k not in stored
-                             and k not in offered_before)
+        return admitted, sum(
+            1 for k in offer if not is_resident(k) and k not in stored and k not in offered_before
+        )
 
 
 SkipUndercount = _with_tracker(_SkipByCountedTracker)
 SkipUndercount.__name__ = SkipUndercount.__qualname__ = "SkipUndercount"
 SkipUndercount.__doc__ = """The skip metric is deduplicated by the keys the request has counted
 (as vLLM 0.34.0 does): a request's skip of a key that its earlier offer admitted (then the store
-failed or was evicted, and the tracker dropped it) is never counted (amended A5)."""
+failed or was evicted, and the tracker dropped it) is never counted (spec A5)."""
 
 
 class FailedOfferNotRecorded(OffloadingManager):
@@ -180,8 +184,12 @@ class FailedOfferNotRecorded(OffloadingManager):
 
     def prepare_store(self, keys, ctx):
         rec = self._record(ctx)
-        saved = (OrderedDict(self.tracker.counts) if self.tracker else None,
-                 set(rec.counted), set(rec.skipped), self._skipped)
+        saved = (
+            OrderedDict(self.tracker.counts) if self.tracker else None,
+            set(rec.counted),
+            set(rec.skipped),
+            self._skipped,
+        )
         out = super().prepare_store(keys, ctx)
         if out is None:
             if self.tracker:
@@ -249,6 +257,7 @@ class ResetDropsUnreportedStats(OffloadingManager):
 
 # --- residency, eviction and chunks ---
 
+
 class EvictsPinned(OffloadingManager):
     """Eviction may take a pinned chunk (a load is in flight from it)."""
 
@@ -276,8 +285,7 @@ class EvictionEventFirstVictimOnly(OffloadingManager):
     event, so a consumer replaying the events keeps the others as ready."""
 
     def _emit(self, keys, removed, metadata_only=False):
-        super()._emit(keys[:1] if removed and not metadata_only else keys, removed,
-                      metadata_only)
+        super()._emit(keys[:1] if removed and not metadata_only else keys, removed, metadata_only)
 
 
 class VictimChunksReleasedReversed(OffloadingManager):
@@ -287,7 +295,7 @@ class VictimChunksReleasedReversed(OffloadingManager):
     def _evict(self, victims):
         super()._evict(victims)
         freed, n = self._pool._freed, len(victims)
-        freed[len(freed) - n:] = freed[len(freed) - n:][::-1]
+        freed[len(freed) - n :] = freed[len(freed) - n :][::-1]
 
 
 def _with_policy_mixin(manager, mixin, only: type = ARCPolicy) -> None:
@@ -296,7 +304,8 @@ def _with_policy_mixin(manager, mixin, only: type = ARCPolicy) -> None:
     if isinstance(manager._policy, only):
         cls = type(manager._policy)
         manager._policy = type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {})(
-            manager.num_chunks)
+            manager.num_chunks
+        )
 
 
 def _policy_variant(mixin, only: type, name: str, doc: str) -> type:
@@ -311,12 +320,16 @@ def _policy_variant(mixin, only: type, name: str, doc: str) -> type:
 
 class _FallbackIgnoresPins(ARCPolicy):
     def choose_victims(self, n, evictable):
-        busy_t1 = self.t1 and len(self.t1) >= self._t1_target() and not any(
-            evictable(k, e) for k, e in self.t1.items())
+        busy_t1 = (
+            self.t1
+            and len(self.t1) >= self._t1_target()
+            and not any(evictable(k, e) for k, e in self.t1.items())
+        )
         if not busy_t1:
             return super().choose_victims(n, evictable)
         return super().choose_victims(
-            n, lambda k, e: evictable(k, e) or (k in self.t2 and e.ref > 0))
+            n, lambda k, e: evictable(k, e) or (k in self.t2 and e.ref > 0)
+        )
 
 
 class ArcFallbackEvictsPinned(OffloadingManager):
@@ -420,14 +433,20 @@ class ArcGhostsUntrimmed(OffloadingManager):
 
 # --- request-scoped recency (spec R1-R7), vLLM 0.33.0's and 0.34.0's design ---
 
+
 class _CommitHeadFirst:
     def commit(self, order, insertion_only, reused):
         super().commit(list(reversed(order)), insertion_only, reused)
 
 
-CommitHeadFirst = _policy_variant(_CommitHeadFirst, CachePolicy, "CommitHeadFirst", """A
+CommitHeadFirst = _policy_variant(
+    _CommitHeadFirst,
+    CachePolicy,
+    "CommitHeadFirst",
+    """A
 finished request's keys are committed head first, so its head ends least recent and is evicted
-before its tail (R3).""")
+before its tail (R3).""",
+)
 
 
 class CommitIgnoresPositions(OffloadingManager):
@@ -459,10 +478,14 @@ class _InsertIgnoresPosition:
         super().insert(key, entry)
 
 
-InsertIgnoresPosition = _policy_variant(_InsertIgnoresPosition, RankedLRUPolicy,
-                                        "InsertIgnoresPosition", """LRU: a stored key is ranked
+InsertIgnoresPosition = _policy_variant(
+    _InsertIgnoresPosition,
+    RankedLRUPolicy,
+    "InsertIgnoresPosition",
+    """LRU: a stored key is ranked
 newest, ignoring its position in the storing request, so a request's tail is not evicted
-before its head (R4).""")
+before its head (R4).""",
+)
 
 
 class _FirstSightLowersRank:
@@ -474,10 +497,14 @@ class _FirstSightLowersRank:
                 self._set(key, (rank, -pos))
 
 
-FirstSightLowersRank = _policy_variant(_FirstSightLowersRank, RankedLRUPolicy,
-                                       "FirstSightLowersRank", """LRU: a request's first
+FirstSightLowersRank = _policy_variant(
+    _FirstSightLowersRank,
+    RankedLRUPolicy,
+    "FirstSightLowersRank",
+    """LRU: a request's first
 sight of a resident key sets its rank to the request's, also when the key's rank was newer, so
-an older request's access makes a recently used chunk look old (R4).""")
+an older request's access makes a recently used chunk look old (R4).""",
+)
 
 
 class _NoFirstSight:
@@ -485,9 +512,14 @@ class _NoFirstSight:
         pass
 
 
-NoFirstSight = _policy_variant(_NoFirstSight, RankedLRUPolicy, "NoFirstSight", """LRU: the keys
+NoFirstSight = _policy_variant(
+    _NoFirstSight,
+    RankedLRUPolicy,
+    "NoFirstSight",
+    """LRU: the keys
 a request shows are not shown to the policy until it finishes, so a resident key it is using
-can be evicted as if nobody had touched it since its last commit (R2).""")
+can be evicted as if nobody had touched it since its last commit (R2).""",
+)
 
 
 class _ArcInsertPromotes:
@@ -495,9 +527,14 @@ class _ArcInsertPromotes:
         super().commit(order, set(), set(reused) | set(insertion_only))
 
 
-ArcInsertPromotes = _policy_variant(_ArcInsertPromotes, ARCPolicy, "ArcInsertPromotes", """ARC:
+ArcInsertPromotes = _policy_variant(
+    _ArcInsertPromotes,
+    ARCPolicy,
+    "ArcInsertPromotes",
+    """ARC:
 a key the finished request only stored counts as reused and moves to T2, although a store is
-not a second use (R5).""")
+not a second use (R5).""",
+)
 
 
 class SelfRereadIsReuse(OffloadingManager):
@@ -522,9 +559,14 @@ class _ArcGhostStays:
         ARCPolicy._adapt(self, key)
 
 
-ArcGhostStays = _policy_variant(_ArcGhostStays, RequestARCPolicy, "ArcGhostStays", """ARC under
+ArcGhostStays = _policy_variant(
+    _ArcGhostStays,
+    RequestARCPolicy,
+    "ArcGhostStays",
+    """ARC under
 request-scoped recency: a ghost hit adapts p but leaves the ghost where it was, so ghosts are cut
-in the wrong order (R6).""")
+in the wrong order (R6).""",
+)
 
 
 class _ArcMissesInOfferOrder:
@@ -532,10 +574,14 @@ class _ArcMissesInOfferOrder:
         ARCPolicy.on_store_misses(self, keys)
 
 
-ArcMissesInOfferOrder = _policy_variant(_ArcMissesInOfferOrder, RequestARCPolicy,
-                                        "ArcMissesInOfferOrder", """ARC under request-scoped
+ArcMissesInOfferOrder = _policy_variant(
+    _ArcMissesInOfferOrder,
+    RequestARCPolicy,
+    "ArcMissesInOfferOrder",
+    """ARC under request-scoped
 recency: a request's new store misses adapt p first to last, so a B1 and a B2 hit in one offer
-clamp p differently (R6).""")
+clamp p differently (R6).""",
+)
 
 
 class _ArcFractionalTarget:
@@ -543,15 +589,20 @@ class _ArcFractionalTarget:
         return self.p
 
 
-ArcFractionalTarget = _policy_variant(_ArcFractionalTarget, RequestARCPolicy,
-                                      "ArcFractionalTarget", """ARC under request-scoped
+ArcFractionalTarget = _policy_variant(
+    _ArcFractionalTarget,
+    RequestARCPolicy,
+    "ArcFractionalTarget",
+    """ARC under request-scoped
 recency: |T1| is compared with p itself rather than floor(p), so a fractional p sends an
 eviction to the other list (R6). Not in ``MUTANTS``: a fractional p needs five ghosts of the
 machine's six keys and an eviction after them, further than a machine's steps reach;
-tests/test_manager.py breaks it by example.""")
+tests/test_manager.py breaks it by example.""",
+)
 
 
 # --- metrics never silent, events, the interface answers, construction (spec s5, s9) ---
+
 
 class SkipMetricSilentAtZero(OffloadingManager):
     """The skip metric is left out of ``get_stats()`` while it is 0, so a build that stops
@@ -629,11 +680,23 @@ class Mutant:
     def doc(self) -> str:
         return " ".join((self.cls.__doc__ or "").split())
 
-    def __call__(self, num_chunks, cache_policy="lru", store_threshold=1,
-                 max_tracker_size=64_000, enable_events=True, recency="touch"):
-        return self.cls(num_chunks, cache_policy=cache_policy, enable_events=enable_events,
-                        store_threshold=store_threshold, max_tracker_size=max_tracker_size,
-                        recency=recency)
+    def __call__(
+        self,
+        num_chunks,
+        cache_policy="lru",
+        store_threshold=1,
+        max_tracker_size=64_000,
+        enable_events=True,
+        recency="touch",
+    ):
+        return self.cls(
+            num_chunks,
+            cache_policy=cache_policy,
+            enable_events=enable_events,
+            store_threshold=store_threshold,
+            max_tracker_size=max_tracker_size,
+            recency=recency,
+        )
 
 
 MUTANTS: dict[str, Mutant] = {
@@ -642,7 +705,9 @@ MUTANTS: dict[str, Mutant] = {
     "skip_metric_every_offer": Mutant(SkipMetricEveryOffer, admission=True),
     "reset_keeps_counting": Mutant(ResetKeepsCounting, admission=True),
     "records_by_req_id": Mutant(RecordsByReqId, admission=True),
-    "records_by_identity": Mutant(RecordsByIdentity),  # needs the manager machine's dropped contexts
+    "records_by_identity": Mutant(
+        RecordsByIdentity
+    ),  # needs the manager machine's dropped contexts
     "records_not_tied_to_manager": Mutant(RecordsNotTiedToManager),
     "reoffer_no_refresh": Mutant(ReofferNoRefresh),
     "tracker_evicts_offer_key": Mutant(TrackerEvictsOfferKey),

@@ -6,6 +6,7 @@ and adds test controls: jobs complete a set number of steps after submission or 
 a job can be made to fail, and with ``track_data`` each GPU block and chunk sub-block carries one
 tag, copied when a job completes, so that a test checks the data path without torch.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -24,8 +25,14 @@ class NullWorker:
     tags when a job completes, so a test can check that every chunk holds the data of its key.
     """
 
-    def __init__(self, delay: int | None = 1, blocks_per_chunk: int = 1, track_data: bool = False,
-                 load_delay: int | None = None, fail_every: int = 0):
+    def __init__(
+        self,
+        delay: int | None = 1,
+        blocks_per_chunk: int = 1,
+        track_data: bool = False,
+        load_delay: int | None = None,
+        fail_every: int = 0,
+    ):
         for name, value in (("delay", delay), ("load_delay", load_delay)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
@@ -45,15 +52,17 @@ class NullWorker:
         self.cpu: dict[tuple[int, int], Any] = {}
 
     # --- the worker interface
-    def submit_store(self, job_id: int, gpu_blocks: Sequence[int], chunk_ids: Sequence[int],
-                     offset: int = 0) -> None:
+    def submit_store(
+        self, job_id: int, gpu_blocks: Sequence[int], chunk_ids: Sequence[int], offset: int = 0
+    ) -> None:
         self._submit(job_id, "store", gpu_blocks, chunk_ids, offset)
         self._stores += 1
         if self.fail_every and self._stores % self.fail_every == 0:
             self._fail.add(job_id)
 
-    def submit_load(self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int],
-                    offset: int = 0) -> None:
+    def submit_load(
+        self, job_id: int, chunk_ids: Sequence[int], gpu_blocks: Sequence[int], offset: int = 0
+    ) -> None:
         self._submit(job_id, "load", gpu_blocks, chunk_ids, offset)
 
     def _submit(self, job_id, kind, gpu_blocks, chunk_ids, offset) -> None:
@@ -61,8 +70,10 @@ class NullWorker:
             raise ValueError(f"job {job_id} submitted twice")
         gpu_blocks, chunk_ids = list(gpu_blocks), list(chunk_ids)
         if len(gpu_blocks) != len(chunk_ids) * self.blocks_per_chunk - offset:
-            raise ValueError(f"job {job_id}: {len(gpu_blocks)} GPU blocks for {len(chunk_ids)} "
-                             f"chunks of {self.blocks_per_chunk} blocks at offset {offset}")
+            raise ValueError(
+                f"job {job_id}: {len(gpu_blocks)} GPU blocks for {len(chunk_ids)} "
+                f"chunks of {self.blocks_per_chunk} blocks at offset {offset}"
+            )
         delay = self.load_delay if kind == "load" and self.load_delay is not None else self.delay
         due = None if delay is None else self.now + delay
         self._jobs[job_id] = [due, kind, gpu_blocks, chunk_ids, offset]

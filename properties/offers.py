@@ -1,4 +1,4 @@
-"""Who offered what: the one record of requests and their offers, read by the oracle (amended
+"""Who offered what: the one record of requests and their offers, read by the oracle (spec
 A2's bound on a tracked count) and by the scheduler audit (cold admissions).
 
 ``Handles`` names request contexts: one int per context object, so that a new context is a new
@@ -11,6 +11,7 @@ the same requests share one ``Handles``.
 key last entered the tracker (``since_entry``) and ever (``ever``). A reset starts every
 request's offers over (spec A7), so the pairs of a new generation are new offerers.
 """
+
 from __future__ import annotations
 
 import weakref

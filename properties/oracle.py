@@ -30,6 +30,7 @@ The model takes an opaque handle per request context (``properties.offers.Handle
 context is a new request even when its ``req_id`` is reused; keys' positions in a request
 reach the model through the adapter, read from the context the target was given.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,11 +47,13 @@ from .oracle_text import CallText, divergence_message, fmt_key
 
 __all__ = ["EXACT_ONLY", "Divergence", "LockstepManager", "build", "fmt_key"]
 
+
 class Divergence(AssertionError):
     """The target and the model answered one call differently, or an invariant broke."""
 
-    def __init__(self, message: str, step: int = 0, call_no: int = 0, call: str = "",
-                 last_call: str = ""):
+    def __init__(
+        self, message: str, step: int = 0, call_no: int = 0, call: str = "", last_call: str = ""
+    ):
         super().__init__(message)
         self.step = step
         self.call_no = call_no
@@ -61,8 +64,11 @@ class Divergence(AssertionError):
 
 def _close(x: Any, y: Any) -> bool:
     if isinstance(x, (list, tuple)) or isinstance(y, (list, tuple)):
-        return isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)) and \
-            [float(v) for v in x] == [float(v) for v in y]
+        return (
+            isinstance(x, (list, tuple))
+            and isinstance(y, (list, tuple))
+            and [float(v) for v in x] == [float(v) for v in y]
+        )
     try:
         return math.isclose(float(x), float(y), rel_tol=0.0, abs_tol=1e-9)
     except (TypeError, ValueError):
@@ -77,10 +83,13 @@ def build(target: Any, config: Any, model: Model) -> Any:
     except TargetError:
         raise
     except Exception as exc:
-        raise Divergence(f"divergence at set-up: the target's constructor raised "
-                         f"{type(exc).__name__}: {exc}\n  for {config}, which the model "
-                         f"accepts ({model.num_chunks} chunks, {model.policy}, threshold "
-                         f"{model.threshold})", call="constructor") from exc
+        raise Divergence(
+            f"divergence at set-up: the target's constructor raised "
+            f"{type(exc).__name__}: {exc}\n  for {config}, which the model "
+            f"accepts ({model.num_chunks} chunks, {model.policy}, threshold "
+            f"{model.threshold})",
+            call="constructor",
+        ) from exc
 
 
 class LockstepManager:
@@ -93,9 +102,17 @@ class LockstepManager:
     ``step`` is set by whoever drives (``set_step``) and appears in every divergence.
     """
 
-    def __init__(self, target: Any, model: Model, *, foreign: bool = False, history: int = 12,
-                 log: list[dict[str, Any]] | None = None,
-                 key_name: Callable[[Any], str] = fmt_key, handles: Handles | None = None):
+    def __init__(
+        self,
+        target: Any,
+        model: Model,
+        *,
+        foreign: bool = False,
+        history: int = 12,
+        log: list[dict[str, Any]] | None = None,
+        key_name: Callable[[Any], str] = fmt_key,
+        handles: Handles | None = None,
+    ):
         self.target = target
         self.model = model
         self.foreign = foreign
@@ -148,31 +165,55 @@ class LockstepManager:
     def _record(self, name: str, args: tuple, target: Any, model: Any) -> None:
         """One entry of the history: the call, its arguments as text, both answers."""
         if self.log is not None:
-            self.log.append({"step": self.step, "call_no": self.calls, "call": name,
-                             "args": self.text.call("", args), "target": target,
-                             "model": model})
+            self.log.append(
+                {
+                    "step": self.step,
+                    "call_no": self.calls,
+                    "call": name,
+                    "args": self.text.call("", args),
+                    "target": target,
+                    "model": model,
+                }
+            )
 
     def diverge(self, what: str, target: Any, model: Any, why: str = "") -> Divergence:
         """The ``Divergence`` for the latest call (``what``: its text, or a check's name)."""
         if self.log is not None:
-            entry = {"step": self.step, "call_no": self.calls, "call": what.partition("(")[0],
-                     "args": what, "target": target, "model": model, "why": why,
-                     "diverged": True}
+            entry = {
+                "step": self.step,
+                "call_no": self.calls,
+                "call": what.partition("(")[0],
+                "args": what,
+                "target": target,
+                "model": model,
+                "why": why,
+                "diverged": True,
+            }
             last = self.log[-1] if self.log else None
-            if last is not None and last.get("call_no") == self.calls and \
-                    last.get("call") == entry["call"]:
+            if (
+                last is not None
+                and last.get("call_no") == self.calls
+                and last.get("call") == entry["call"]
+            ):
                 last.update(why=why, diverged=True)  # the call's own entry says it diverged
             else:
                 self.log.append(entry)
-        recent = [f"  step {s}, call {n}: {self.text.call(c, a)}"
-                  for s, n, c, a in list(self._recent)[:-1]]
+        recent = [
+            f"  step {s}, call {n}: {self.text.call(c, a)}"
+            for s, n, c, a in list(self._recent)[:-1]
+        ]
         last = self._recent[-1] if self._recent else None
-        return Divergence(divergence_message(self.step, self.calls, what, target, model, why,
-                                             recent), self.step, self.calls, what,
-                          self.text.call(last[2], last[3]) if last else "")
+        return Divergence(
+            divergence_message(self.step, self.calls, what, target, model, why, recent),
+            self.step,
+            self.calls,
+            what,
+            self.text.call(last[2], last[3]) if last else "",
+        )
 
-    def _both(self, name: str, args: tuple, target_fn: Callable[[], Any],
-              model_fn: Callable[[], Any]) -> tuple[Any, Any]:
+    def _both(
+        self, name: str, args: tuple, target_fn: Callable[[], Any], model_fn: Callable[[], Any]
+    ) -> tuple[Any, Any]:
         """Run both sides; an exception on one side only is a divergence."""
         self._call(name, *args)
         try:
@@ -181,14 +222,14 @@ class LockstepManager:
             m, m_err = None, e
         try:
             t = target_fn()
-        except Exception as e:  # noqa: BLE001 - any target error is an answer to compare
+        except Exception as e:
             if m_err is None:
-                raise self.diverge(self.text.call(name, args),
-                                   f"raised {type(e).__name__}: {e}", repr(m)) from e
+                raise self.diverge(
+                    self.text.call(name, args), f"raised {type(e).__name__}: {e}", repr(m)
+                ) from e
             raise
         if m_err is not None:
-            raise self.diverge(self.text.call(name, args), repr(t),
-                               f"raised ModelError: {m_err}")
+            raise self.diverge(self.text.call(name, args), repr(t), f"raised ModelError: {m_err}")
         return t, m
 
     def _expect(self, name: str, args: tuple, t: Any, m: Any, shown=None, why: str = "") -> None:
@@ -208,34 +249,47 @@ class LockstepManager:
     # --- the request lifecycle and the interface answers
     def on_new_request(self, ctx: Any) -> Any:
         req = self.handle(ctx)
-        return self._answer("on_new_request", (ctx,), lambda: self.target.on_new_request(ctx),
-                            lambda: self.model.on_new_request(req))
+        return self._answer(
+            "on_new_request",
+            (ctx,),
+            lambda: self.target.on_new_request(ctx),
+            lambda: self.model.on_new_request(req),
+        )
 
     def on_request_finished(self, ctx: Any) -> None:
         if "on_request_finished" in self.missing:
             return
         req = self.handle(ctx)
-        self._both("on_request_finished", (ctx,), lambda: self.target.on_request_finished(ctx),
-                   lambda: self.model.on_request_finished(req, self._position(ctx)))
+        self._both(
+            "on_request_finished",
+            (ctx,),
+            lambda: self.target.on_request_finished(ctx),
+            lambda: self.model.on_request_finished(req, self._position(ctx)),
+        )
         self._order_dirty = True
 
     def get_load_source(self, key: bytes, ctx: Any = None) -> Any:
-        return self._answer("get_load_source", (key,),
-                            lambda: self.target.get_load_source(key, ctx),
-                            lambda: self.model.get_load_source(key))
+        return self._answer(
+            "get_load_source",
+            (key,),
+            lambda: self.target.get_load_source(key, ctx),
+            lambda: self.model.get_load_source(key),
+        )
 
     def config_info(self) -> Any:
         return self._answer("config_info", (), self.target.config_info, self.model.config_info)
 
     def has_pending_work(self) -> Any:
-        return self._answer("has_pending_work", (), self.target.has_pending_work,
-                            self.model.has_pending_work)
+        return self._answer(
+            "has_pending_work", (), self.target.has_pending_work, self.model.has_pending_work
+        )
 
     # --- loads
     def lookup(self, key: bytes, ctx: Any = None) -> Any:
         args = (key,)
-        t, m = self._both("lookup", args, lambda: self.target.lookup(key, ctx),
-                          lambda: self.model.lookup(key))
+        t, m = self._both(
+            "lookup", args, lambda: self.target.lookup(key, ctx), lambda: self.model.lookup(key)
+        )
         self._expect("lookup", args, t, m)
         return t
 
@@ -243,15 +297,20 @@ class LockstepManager:
         if "touch" in self.missing:
             return  # a target without touch: neither side gets the recency hint
         keys = list(keys)
-        self._both("touch", (keys,), lambda: self.target.touch(keys, ctx),
-                   lambda: self.model.touch(keys))
+        self._both(
+            "touch", (keys,), lambda: self.target.touch(keys, ctx), lambda: self.model.touch(keys)
+        )
         self._order_dirty = True
 
     def prepare_load(self, keys: Iterable[bytes], ctx: Any = None) -> Any:
         keys = list(keys)
         req = None if ctx is None else self.handle(ctx)
-        t, m = self._both("prepare_load", (keys,), lambda: self.target.prepare_load(keys, ctx),
-                          lambda: self.model.prepare_load(keys, req, self._position(ctx)))
+        t, m = self._both(
+            "prepare_load",
+            (keys,),
+            lambda: self.target.prepare_load(keys, ctx),
+            lambda: self.model.prepare_load(keys, req, self._position(ctx)),
+        )
         self._record("prepare_load", (keys,), t, m)
         self._expect("prepare_load", (keys,), list(t), m, why="load chunk ids differ")
         self._dirty.update(keys)  # ref counts moved
@@ -260,8 +319,12 @@ class LockstepManager:
 
     def complete_load(self, keys: Iterable[bytes], ctx: Any = None) -> None:
         keys = list(keys)
-        self._both("complete_load", (keys,), lambda: self.target.complete_load(keys, ctx),
-                   lambda: self.model.complete_load(keys))
+        self._both(
+            "complete_load",
+            (keys,),
+            lambda: self.target.complete_load(keys, ctx),
+            lambda: self.model.complete_load(keys),
+        )
         self._dirty.update(keys)
 
     # --- stores
@@ -274,18 +337,20 @@ class LockstepManager:
         before = {k for k, _ in self.model.tracker}
         try:
             t = self.target.prepare_store(keys, ctx)
-        except Exception as e:  # noqa: BLE001 - any target error is an answer to compare
+        except Exception as e:
             raise self.diverge(what, f"raised {type(e).__name__}: {e}", "(not asked)") from e
         choose = self._adopt(what, t) if self.foreign and t is not None else None
         m = self.model.prepare_store(keys, req, self._position(ctx), choose)
         exact = not self.foreign
         self._record("prepare_store", args, self.text.store(t, exact), self.text.store(m, exact))
         if (t is None) != (m is None) or (t is not None and list(t[0]) != list(m[0])):
-            raise self.diverge(what, self.text.store(t, exact), self.text.store(m, exact),
-                               "admitted keys differ")
+            raise self.diverge(
+                what, self.text.store(t, exact), self.text.store(m, exact), "admitted keys differ"
+            )
         if exact and t is not None and (list(t[1]) != list(m[1]) or list(t[2]) != list(m[2])):
-            raise self.diverge(what, self.text.store(t), self.text.store(m),
-                               "chunk ids or evictions differ")
+            raise self.diverge(
+                what, self.text.store(t), self.text.store(m), "chunk ids or evictions differ"
+            )
         self.offers.offered(dict.fromkeys(keys), req, before)
         self._tracker_dirty = self.model.threshold >= 2
         self._dirty.update(keys)
@@ -301,17 +366,28 @@ class LockstepManager:
 
         def choose(admitted: list, need: int, ok: set, free: set) -> tuple[list, list]:
             if stored != admitted:
-                raise self.diverge(what, self.text.store(out, exact=False),
-                                   self.text.store((admitted, [], []), exact=False),
-                                   "admitted keys differ")
+                raise self.diverge(
+                    what,
+                    self.text.store(out, exact=False),
+                    self.text.store((admitted, [], []), exact=False),
+                    "admitted keys differ",
+                )
             if len(victims) != need or len(set(victims)) != need or not set(victims) <= ok:
-                raise self.diverge(what, self.text.store(out), f"{need} distinct ready, idle "
-                                   f"keys outside the offer, from {self.text.keys(sorted(ok))}",
-                                   "illegal eviction")
+                raise self.diverge(
+                    what,
+                    self.text.store(out),
+                    f"{need} distinct ready, idle "
+                    f"keys outside the offer, from {self.text.keys(sorted(ok))}",
+                    "illegal eviction",
+                )
             usable = free | {self.model.resident[k]["chunk"] for k in victims}
             if len(ids) != len(admitted) or len(set(ids)) != len(ids) or not set(ids) <= usable:
-                raise self.diverge(what, self.text.store(out), f"{len(admitted)} distinct ids "
-                                   f"from {sorted(usable)}", "illegal chunk ids")
+                raise self.diverge(
+                    what,
+                    self.text.store(out),
+                    f"{len(admitted)} distinct ids from {sorted(usable)}",
+                    "illegal chunk ids",
+                )
             return victims, ids
 
         return choose
@@ -319,9 +395,12 @@ class LockstepManager:
     def complete_store(self, keys: Iterable[bytes], ctx: Any = None, success: bool = True) -> None:
         keys = list(keys)
         req = None if ctx is None else self.handle(ctx)
-        self._both("complete_store", (keys, success),
-                   lambda: self.target.complete_store(keys, ctx, success=success),
-                   lambda: self.model.complete_store(keys, success=success, req=req))
+        self._both(
+            "complete_store",
+            (keys, success),
+            lambda: self.target.complete_store(keys, ctx, success=success),
+            lambda: self.model.complete_store(keys, success=success, req=req),
+        )
         self._dirty.update(keys)
         self._order_dirty = True
 
@@ -334,12 +413,16 @@ class LockstepManager:
         self._order_dirty = True
 
     def take_events(self) -> list[Any]:
-        t, dated = self._both("take_events", (), self.target.take_events,
-                              self.model.take_events)
+        t, dated = self._both("take_events", (), self.target.take_events, self.model.take_events)
         if t or dated:
             self._record("take_events", (), self.text.events(t), self.text.events(dated))
-        self._expect("take_events", (), [tuple(e)[:3] for e in t], [e[:3] for e in dated],
-                     shown=self.text.events)
+        self._expect(
+            "take_events",
+            (),
+            [tuple(e)[:3] for e in t],
+            [e[:3] for e in dated],
+            shown=self.text.events,
+        )
         self._event_details(t, dated)
         now = self.model.generation
         for (keys, removed, *_), (_, _, _, generation, _) in zip(t, dated):
@@ -347,54 +430,78 @@ class LockstepManager:
                 (self._replayed.difference_update if removed else self._replayed.update)(keys)
         ready = {k for k, r in self.model.resident.items() if r["ref"] >= 0}
         if self.model.enable_events and self._replayed != ready:
-            raise self.diverge("ready keys replayed from the events",
-                               self.text.keys(sorted(self._replayed)),
-                               self.text.keys(sorted(ready)))
+            raise self.diverge(
+                "ready keys replayed from the events",
+                self.text.keys(sorted(self._replayed)),
+                self.text.keys(sorted(ready)),
+            )
         return t
 
     def _event_details(self, got: list, want: list) -> None:
         """Where the target's events name the storing request and whether the removal of the
         stored keys is expected, those too (a store event names its request, expects it)."""
-        for event, (keys, removed, _, _, req) in zip(got, want):
+        for event, (_, removed, _, _, req) in zip(got, want):
             expected = event.removal_expected
             if expected is not None and expected != (not removed):
-                raise self.diverge("take_events()", f"removal_expected={expected} for "
-                                   f"{self.text.events([event])}",
-                                   f"removal_expected={not removed}", "event details differ")
+                raise self.diverge(
+                    "take_events()",
+                    f"removal_expected={expected} for {self.text.events([event])}",
+                    f"removal_expected={not removed}",
+                    "event details differ",
+                )
             if expected is not None or event.req is not None:
                 got_req = None if event.req is None else self.handle(event.req)
                 if got_req != (req if not removed else None):
                     name = self.handles.name_of(event.req) if event.req is not None else None
-                    raise self.diverge("take_events()", f"request {name} for "
-                                       f"{self.text.events([event])}",
-                                       "the request whose store completed" if not removed
-                                       else "no request", "event details differ")
+                    raise self.diverge(
+                        "take_events()",
+                        f"request {name} for {self.text.events([event])}",
+                        "the request whose store completed" if not removed else "no request",
+                        "event details differ",
+                    )
 
     def get_stats(self) -> dict[str, Any]:
         t, m = self._both("get_stats", (), self.target.get_stats, self.model.get_stats)
         if t is None:
-            raise self.diverge("get_stats()", "nothing (None)", ", ".join(sorted(m)),
-                               "a get_stats() that returns nothing hides every metric")
-        if m.get(STORES_SKIPPED) or m.get("vllm:kv_offload_cpu_allocation_size") or \
-                t.get(STORES_SKIPPED):
+            raise self.diverge(
+                "get_stats()",
+                "nothing (None)",
+                ", ".join(sorted(m)),
+                "a get_stats() that returns nothing hides every metric",
+            )
+        if (
+            m.get(STORES_SKIPPED)
+            or m.get("vllm:kv_offload_cpu_allocation_size")
+            or t.get(STORES_SKIPPED)
+        ):
             self._record("get_stats", (), t, m)
         lacking = set(m) - set(t)
         if self.foreign:  # the set it reported first, and the skip metric from threshold 2
             if self._metrics is None:
                 self._metrics = frozenset(t)
-            lacking = (self._metrics - set(t)) | ({STORES_SKIPPED} - set(t) if
-                                                  self.model.threshold >= 2 else set())
+            lacking = (self._metrics - set(t)) | (
+                {STORES_SKIPPED} - set(t) if self.model.threshold >= 2 else set()
+            )
         for name in sorted(lacking):
-            raise self.diverge("get_stats()", f"no {name}", f"{name}={m.get(name)}",
-                               f"{name} is missing: a metric is never optional by silence")
+            raise self.diverge(
+                "get_stats()",
+                f"no {name}",
+                f"{name}={m.get(name)}",
+                f"{name} is missing: a metric is never optional by silence",
+            )
         for name, value in m.items():
             if name in t and not _close(t[name], value):
-                raise self.diverge("get_stats()", f"{name}={t[name]}", f"{name}={value}",
-                                   f"{name} differs")
+                raise self.diverge(
+                    "get_stats()", f"{name}={t[name]}", f"{name}={value}", f"{name} differs"
+                )
         for name in sorted(set(t) - set(m)):
             if t[name]:
-                raise self.diverge("get_stats()", f"{name}={t[name]}", "(no such metric)",
-                                   "the target reports a metric the model does not have")
+                raise self.diverge(
+                    "get_stats()",
+                    f"{name}={t[name]}",
+                    "(no such metric)",
+                    "the target reports a metric the model does not have",
+                )
         return t
 
     # --- whole-state checks, incremental: what changed since the last check
@@ -422,14 +529,20 @@ class LockstepManager:
         self._order_dirty = False
         free = self.target.free_chunks()
         if free is not None and free + len(self.model.resident) != self.model.num_chunks:
-            raise self.diverge("free chunks + resident chunks", free + len(self.model.resident),
-                               self.model.num_chunks)
+            raise self.diverge(
+                "free chunks + resident chunks",
+                free + len(self.model.resident),
+                self.model.num_chunks,
+            )
         order = self.target.policy_state()
         if order is not None:
             want = self.model.policy_state()
             if order != want:
-                raise self.diverge("policy order (least recent first)", self.text.policy(order),
-                                   self.text.policy(want))
+                raise self.diverge(
+                    "policy order (least recent first)",
+                    self.text.policy(order),
+                    self.text.policy(want),
+                )
 
     def _check_tracker(self, got: list | None) -> None:
         want = self.model.tracker_items()
@@ -437,17 +550,28 @@ class LockstepManager:
             return
         got = [tuple(x) for x in got or ()]
         if len(got) > self.model.max_tracker_size:
-            raise self.diverge("tracker size", len(got), self.model.max_tracker_size,
-                               "the tracker holds more keys than max_tracker_size")
+            raise self.diverge(
+                "tracker size",
+                len(got),
+                self.model.max_tracker_size,
+                "the tracker holds more keys than max_tracker_size",
+            )
         for k, n in got:  # independent of the model: the offers this oracle saw
             offerers = self.offers.since_entry(k)
             if n > offerers:
-                raise self.diverge(f"tracker count of {self.key_name(k)!r}", n,
-                                   f"at most {offerers}", "a count exceeds the distinct "
-                                   "requests that offered the key since it entered the tracker")
+                raise self.diverge(
+                    f"tracker count of {self.key_name(k)!r}",
+                    n,
+                    f"at most {offerers}",
+                    "a count exceeds the distinct "
+                    "requests that offered the key since it entered the tracker",
+                )
         if got != want:
-            raise self.diverge("tracker (key, count), least recent first",
-                               self.text.tracker(got), self.text.tracker(want))
+            raise self.diverge(
+                "tracker (key, count), least recent first",
+                self.text.tracker(got),
+                self.text.tracker(want),
+            )
 
     # --- bad input: a clear error, and nothing changes
     def refuse(self, name: str, args: tuple, fn: Callable[[], Any], key: Any) -> None:
@@ -462,8 +586,9 @@ class LockstepManager:
         except Exception as exc:  # any clear error naming the key
             text = str(exc)
             if repr(key) not in text and str(self.key_name(key)) not in text:
-                raise self.diverge(what, f"an error that does not name the key: {exc}",
-                                   "an error naming the key") from None
+                raise self.diverge(
+                    what, f"an error that does not name the key: {exc}", "an error naming the key"
+                ) from None
         else:
             raise self.diverge(what, "accepted", "refused")
         after = self._snapshot(keys)
@@ -471,6 +596,10 @@ class LockstepManager:
             raise self.diverge(f"state after the refused {what}", after, before)
 
     def _snapshot(self, keys: list[bytes]) -> tuple:
-        return ([self.target.lookup(k, None) for k in keys], self.target.tracker_items(),
-                self.target.policy_state(), self.target.free_chunks(),
-                [self.target.resident(k) for k in keys])
+        return (
+            [self.target.lookup(k, None) for k in keys],
+            self.target.tracker_items(),
+            self.target.policy_state(),
+            self.target.free_chunks(),
+            [self.target.resident(k) for k in keys],
+        )

@@ -4,6 +4,7 @@
 when it is not 0). ``CallText`` writes a call as a person reads it, with request contexts by
 the names the driving machine gave them (``Handles.name``) and keys by ``key_name``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -66,8 +67,12 @@ class CallText:
     def events(self, events: Iterable[tuple]) -> str:
         parts = []
         for keys, removed, meta, *_ in events:
-            parts.append(("removed" if removed else "stored") + ("(metadata)" if meta else "")
-                         + " " + self.keys(keys))
+            parts.append(
+                ("removed" if removed else "stored")
+                + ("(metadata)" if meta else "")
+                + " "
+                + self.keys(keys)
+            )
         return "[" + "; ".join(parts) + "]"
 
     def policy(self, state: dict) -> dict:
@@ -77,9 +82,12 @@ class CallText:
         return [(self.key_name(k), n) for k, n in items]
 
 
-def divergence_message(step: int, call_no: int, what: str, target: Any, model: Any, why: str,
-                       recent: list[str]) -> str:
-    return (f"divergence at step {step}, call {call_no}: {what}"
-            f"\n  target answered: {target}\n  model answered:  {model}"
-            + (f"\n  ({why})" if why else "")
-            + ("\n calls before it:\n" + "\n".join(recent) if recent else ""))
+def divergence_message(
+    step: int, call_no: int, what: str, target: Any, model: Any, why: str, recent: list[str]
+) -> str:
+    return (
+        f"divergence at step {step}, call {call_no}: {what}"
+        f"\n  target answered: {target}\n  model answered:  {model}"
+        + (f"\n  ({why})" if why else "")
+        + ("\n calls before it:\n" + "\n".join(recent) if recent else "")
+    )

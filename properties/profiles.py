@@ -3,6 +3,7 @@
 ``crosshair`` runs tests on CrossHair's symbolic backend (hypothesis-crosshair): each example is
 a path the solver picked, so fewer are needed; meant for the admission-level property tests.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,11 @@ stop_local_constants()
 
 _COMMON = dict(
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                           HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
     stateful_step_count=30,
     report_multiple_bugs=False,
     phases=PHASES,
@@ -33,7 +37,11 @@ _COMMON = dict(
 
 settings.register_profile("dev", max_examples=200, **_COMMON)
 settings.register_profile(
-    "ci", max_examples=600, derandomize=True, database=None, print_blob=False,
+    "ci",
+    max_examples=600,
+    derandomize=True,
+    database=None,
+    print_blob=False,
     **{**_COMMON, "stateful_step_count": 40},
 )
 settings.register_profile(
@@ -42,8 +50,9 @@ settings.register_profile(
     **{**_COMMON, "stateful_step_count": 50},
 )
 try:  # needs hypothesis-crosshair, a declared dependency; without it the other profiles work
-    settings.register_profile("crosshair", backend="crosshair", max_examples=100,
-                              database=None, **_COMMON)
+    settings.register_profile(
+        "crosshair", backend="crosshair", max_examples=100, database=None, **_COMMON
+    )
     PROFILES: tuple[str, ...] = ("dev", "ci", "thorough", "crosshair")
 except Exception:  # hypothesis.errors.InvalidArgument: backend not available
     PROFILES = ("dev", "ci", "thorough")
@@ -54,8 +63,10 @@ def default_profile() -> str:
     name = os.environ.get("HYPOTHESIS_PROFILE")
     if name:
         if name not in PROFILES:
-            raise ValueError(f"HYPOTHESIS_PROFILE={name!r} is not a kvgate profile; "
-                             f"set it to one of {', '.join(PROFILES)}, or unset it")
+            raise ValueError(
+                f"HYPOTHESIS_PROFILE={name!r} is not a kvgate profile; "
+                f"set it to one of {', '.join(PROFILES)}, or unset it"
+            )
         return name
     return "ci" if os.environ.get("CI") else "dev"
 

@@ -18,6 +18,7 @@ preconditions once and draws once:
 internals it relies on (``properties.hypothesis_private``, where every one is named), the machine
 keeps Hypothesis's own (slower, as correct).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -54,8 +55,9 @@ class WeightedRules(private.SearchStrategy):
         for rule, name in self.table:
             if name not in ok:
                 ok[name] = private.rule_ready(m, rule)
-        valid = [(r, n) for r, n in self.table if ok[n] and n not in off] or \
-            [(r, n) for r, n in self.table if ok[n]]
+        valid = [(r, n) for r, n in self.table if ok[n] and n not in off] or [
+            (r, n) for r, n in self.table if ok[n]
+        ]
         rule, _ = valid[private.draw_integer(data, 0, len(valid) - 1)]
         return rule, {k: data.draw(s) for k, s in private.rule_arguments(rule).items()}
 
@@ -65,6 +67,11 @@ def install(machine: Any) -> None:
     ``SWARM_ALWAYS``), where this Hypothesis allows it."""
     if not private.can_replace_rule_strategy(machine):
         return
-    private.replace_rule_strategy(machine, WeightedRules(
-        machine, dict(getattr(machine, "RULE_WEIGHTS", {})),
-        frozenset(getattr(machine, "SWARM_ALWAYS", ()))))
+    private.replace_rule_strategy(
+        machine,
+        WeightedRules(
+            machine,
+            dict(getattr(machine, "RULE_WEIGHTS", {})),
+            frozenset(getattr(machine, "SWARM_ALWAYS", ())),
+        ),
+    )

@@ -1,5 +1,6 @@
 """Run a state machine under a profile and capture what a person needs from a failure:
 the shrunk steps (as Hypothesis prints them), the error, the history, and the figures."""
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,11 @@ class RunResult:
     @property
     def shrunk_steps(self) -> int:
         """Steps of the counterexample (``state.<rule>(...)`` lines, set-up rules excluded)."""
-        return sum(1 for line in self.program
-                   if "state." in line and line.split("state.", 1)[1].split("(")[0] in self.rules)
+        return sum(
+            1
+            for line in self.program
+            if "state." in line and line.split("state.", 1)[1].split("(")[0] in self.rules
+        )
 
     @property
     def message(self) -> str:
@@ -51,13 +55,17 @@ def _program_lines(error: BaseException) -> list[str]:
     lines = []
     for note in notes:
         lines.extend(note.splitlines())
-    return [line for line in lines if line.startswith(("state", "requests_", "stores_",
-                                                       "loads_"))]
+    return [line for line in lines if line.startswith(("state", "requests_", "stores_", "loads_"))]
 
 
-def run_machine(machine_cls, profile: str | None = None, seed: int | None = None,
-                max_examples: int | None = None, database=PROFILE_DATABASE,
-                **overrides) -> RunResult:
+def run_machine(
+    machine_cls,
+    profile: str | None = None,
+    seed: int | None = None,
+    max_examples: int | None = None,
+    database=PROFILE_DATABASE,
+    **overrides,
+) -> RunResult:
     """Run ``machine_cls`` under ``profile``; never raises for a property failure.
     ``database``: an example database, ``None`` for none, by default the profile's."""
     kwargs = dict(overrides)
@@ -93,6 +101,7 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
     if seed is not None:
         # Hypothesis reads the seed from the machine class, not from a wrapper around it.
         from hypothesis import seed as with_seed
+
         with_seed(seed)(Counted)
     start = time.perf_counter()
     error = None
@@ -104,25 +113,34 @@ def run_machine(machine_cls, profile: str | None = None, seed: int | None = None
         error = exc
     seconds = time.perf_counter() - start
     return RunResult(
-        machine=machine_cls.__name__, passed=error is None, seconds=seconds,
-        examples=counts["examples"], steps=counts["steps"], error=error,
+        machine=machine_cls.__name__,
+        passed=error is None,
+        seconds=seconds,
+        examples=counts["examples"],
+        steps=counts["steps"],
+        error=error,
         program=_program_lines(error) if error else [],
         history=list(getattr(Counted, "last_history", None) or []),
-        labels=dict(_labels_of(Counted)), rules=_step_rules(machine_cls),
+        labels=dict(_labels_of(Counted)),
+        rules=_step_rules(machine_cls),
         expected=tuple(getattr(machine_cls, "expected_labels", tuple)()),
-        phases=_phases(stats[-1] if stats else {}))
+        phases=_phases(stats[-1] if stats else {}),
+    )
 
 
 def _phases(stats: dict) -> dict[str, int]:
     """Test cases per phase from Hypothesis's statistics dict."""
+
     def cases(phase: str) -> list[dict]:
         return list((stats.get(phase) or {}).get("test-cases") or [])
 
     generated = cases("generate-phase")
-    return {"reused": len(cases("reuse-phase")),
-            "generated": sum(c.get("status") in ("valid", "interesting") for c in generated),
-            "invalid": sum(c.get("status") in ("invalid", "overrun") for c in generated),
-            "shrinking": len(cases("shrink-phase"))}
+    return {
+        "reused": len(cases("reuse-phase")),
+        "generated": sum(c.get("status") in ("valid", "interesting") for c in generated),
+        "invalid": sum(c.get("status") in ("invalid", "overrun") for c in generated),
+        "shrinking": len(cases("shrink-phase")),
+    }
 
 
 def _step_rules(machine_cls) -> frozenset[str]:

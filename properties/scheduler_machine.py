@@ -16,7 +16,7 @@ Checked:
   the data of its key's blocks, and every block a running request computed or loaded holds its
   data (the worker, ``NullWorker`` by default, carries one tag per block);
 - no chunk is ever stored for a key that fewer than ``store_threshold`` requests offered (a
-  reset starts every request's offers over, as SPEC A7 starts its counting over);
+  reset starts every request's offers over, as spec A7 starts its counting over);
 - the store accounting adds up: admitted = completed + failed + dropped by a reset + in flight;
 - after every step, the oracle's incremental check of what the step changed (the tracker, and
   for native targets the policy's order and the pool), so a difference shows before it
@@ -27,6 +27,7 @@ a catalogued mutant, ``MODULE:ATTR``, a vLLM release), as every machine module d
 labels come from the recorded history (``properties.coverage``): each step records what the
 scheduler's counters did.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,17 +54,25 @@ GPU_BLOCKS = 16
 ACTIVE = (RequestState.WAITING, RequestState.HELD, RequestState.LOADING, RequestState.RUNNING)
 
 # Situation -> the scheduler counter that shows it (a step earns the label when it grows).
-COUNTED = {"allocation failure": "allocation_failures", "retry after None": "retries",
-           "finish-time retry": "finish_retries",
-           "re-offer after preemption": "reoffers_after_preemption",
-           "offer across a reset": "reoffers_after_reset",
-           "stale completion dropped": "stores_stale", "load": "load_jobs",
-           "load deferred by HIT_PENDING": "lookups_deferred", "failed copy": "stores_failed",
-           "eviction": "evictions", "skip": "skips", "preemption for GPU blocks": "preemptions"}
-LABELS = {**{label: (lambda e, c=counter: c in e.get("grew", ()))
-             for label, counter in COUNTED.items()},
-          "request id reused": lambda e: e.get("id_reused", False),
-          "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"])}
+COUNTED = {
+    "allocation failure": "allocation_failures",
+    "retry after None": "retries",
+    "finish-time retry": "finish_retries",
+    "re-offer after preemption": "reoffers_after_preemption",
+    "offer across a reset": "reoffers_after_reset",
+    "stale completion dropped": "stores_stale",
+    "load": "load_jobs",
+    "load deferred by HIT_PENDING": "lookups_deferred",
+    "failed copy": "stores_failed",
+    "eviction": "evictions",
+    "skip": "skips",
+    "preemption for GPU blocks": "preemptions",
+}
+LABELS = {
+    **{label: (lambda e, c=counter: c in e.get("grew", ())) for label, counter in COUNTED.items()},
+    "request id reused": lambda e: e.get("id_reused", False),
+    "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"]),
+}
 
 
 class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
@@ -74,8 +83,16 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     policies: tuple[str, ...] = ("lru", "arc")
     recencies: tuple[str, ...] = ("touch",)  # the target's recency semantics (spec section 4)
     LABELS = LABELS
-    RULE_WEIGHTS = {"step": 3, "add_request": 2, "complete_copies": 2, "fail_copy": 1,
-                    "preempt": 1, "resume": 1, "finish": 1, "reset": 1}
+    RULE_WEIGHTS = {
+        "step": 3,
+        "add_request": 2,
+        "complete_copies": 2,
+        "fail_copy": 1,
+        "preempt": 1,
+        "resume": 1,
+        "finish": 1,
+        "reset": 1,
+    }
     SWARM_ALWAYS = ("step", "add_request")
 
     def __init__(self):
@@ -86,12 +103,27 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         install_rule_choice(self)
 
     # ------------------------------------------------------------------ set-up
-    @initialize(num_chunks=st.integers(1, 3), threshold=st.sampled_from([2, 2, 3, 1, 0]),
-                tracker=st.sampled_from([64_000, 2, 4]), policy_index=st.integers(0, 1),
-                blocks_per_chunk=st.sampled_from([1, 2]), delay=st.sampled_from([None, 1, 2]),
-                budget=st.sampled_from([None, 3]), recency_index=st.integers(0, 1))
-    def setup(self, num_chunks, threshold, tracker, policy_index, blocks_per_chunk, delay,
-              budget, recency_index):
+    @initialize(
+        num_chunks=st.integers(1, 3),
+        threshold=st.sampled_from([2, 2, 3, 1, 0]),
+        tracker=st.sampled_from([64_000, 2, 4]),
+        policy_index=st.integers(0, 1),
+        blocks_per_chunk=st.sampled_from([1, 2]),
+        delay=st.sampled_from([None, 1, 2]),
+        budget=st.sampled_from([None, 3]),
+        recency_index=st.integers(0, 1),
+    )
+    def setup(
+        self,
+        num_chunks,
+        threshold,
+        tracker,
+        policy_index,
+        blocks_per_chunk,
+        delay,
+        budget,
+        recency_index,
+    ):
         policy = self.policies[policy_index % len(self.policies)]
         recency = self.recencies[recency_index % len(self.recencies)]
         config = Config(num_chunks, policy, threshold, tracker, True, recency)
@@ -99,13 +131,25 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         self.threshold = threshold
         self.model = Model(num_chunks, policy, threshold, tracker, recency)
         self.oracle = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
-        self.worker = self.worker_cls(delay=delay, blocks_per_chunk=blocks_per_chunk,
-                                      track_data=True)
-        self.audit = Audit(self.oracle, self.worker, threshold, blocks_per_chunk, data=True,
-                           offers=self.oracle.offers)
-        self.sched = self.audit.driver(block_size=BLOCK_SIZE, blocks_per_chunk=blocks_per_chunk,
-                                       num_gpu_blocks=GPU_BLOCKS, max_running=4,
-                                       max_tokens_per_step=budget, on_step=self._on_step)
+        self.worker = self.worker_cls(
+            delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True
+        )
+        self.audit = Audit(
+            self.oracle,
+            self.worker,
+            threshold,
+            blocks_per_chunk,
+            data=True,
+            offers=self.oracle.offers,
+        )
+        self.sched = self.audit.driver(
+            block_size=BLOCK_SIZE,
+            blocks_per_chunk=blocks_per_chunk,
+            num_gpu_blocks=GPU_BLOCKS,
+            max_running=4,
+            max_tokens_per_step=budget,
+            on_step=self._on_step,
+        )
 
     def _on_step(self, step: int) -> None:
         self.oracle.set_step(step)
@@ -118,8 +162,9 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         return reqs[which % len(reqs)]
 
     def _has(self, *states) -> bool:
-        return self.sched is not None and any(r.state in states
-                                              for r in self.sched.requests.values())
+        return self.sched is not None and any(
+            r.state in states for r in self.sched.requests.values()
+        )
 
     def _after(self, rule: str, before: dict, **facts) -> None:
         """Record the step: which of the scheduler's counters grew."""
@@ -128,20 +173,27 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         self.record(rule, grew=grew, **facts)
 
     # ------------------------------------------------------------------ engine events
-    @precondition(lambda self: self.sched is not None
-                  and sum(r.state in ACTIVE for r in self.sched.requests.values()) < 4
-                  and any(n not in self.sched.requests for n in NAMES))
-    @rule(name=st.sampled_from(NAMES),
-          tokens=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=8),
-          max_output=st.integers(1, 6))
+    @precondition(
+        lambda self: (
+            self.sched is not None
+            and sum(r.state in ACTIVE for r in self.sched.requests.values()) < 4
+            and any(n not in self.sched.requests for n in NAMES)
+        )
+    )
+    @rule(
+        name=st.sampled_from(NAMES),
+        tokens=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=8),
+        max_output=st.integers(1, 6),
+    )
     def add_request(self, name, tokens, max_output):
         """``name``, or the next free id after it when it is live."""
         i = NAMES.index(name)
         name = next(n for n in NAMES[i:] + NAMES[:i] if n not in self.sched.requests)
         reused = name in self.used_names
         self.used_names.add(name)
-        self.audit.expect(self.sched.add_request(
-            Request.from_tokens(name, tokens, BLOCK_SIZE, max_output)))
+        self.audit.expect(
+            self.sched.add_request(Request.from_tokens(name, tokens, BLOCK_SIZE, max_output))
+        )
         self.record("add_request", id_reused=reused)
 
     @precondition(lambda self: self.sched is not None)
@@ -161,8 +213,12 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         self.worker.release(picked)
         self.record("complete_copies", jobs=len(picked))
 
-    @precondition(lambda self: self.sched is not None
-                  and any(self.worker.kind(j) == "store" for j in self.worker.in_flight()))
+    @precondition(
+        lambda self: (
+            self.sched is not None
+            and any(self.worker.kind(j) == "store" for j in self.worker.in_flight())
+        )
+    )
     @rule(which=st.integers(0, 3))
     def fail_copy(self, which):
         stores = [j for j in self.worker.in_flight() if self.worker.kind(j) == "store"]
@@ -219,19 +275,22 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
             step, key, n = self.audit.cold[0]
             raise AssertionError(
                 f"step {step}: {fmt_key(key)} admitted after {n} distinct request(s) offered "
-                f"it, store_threshold={self.threshold}")
+                f"it, store_threshold={self.threshold}"
+            )
 
     def _loads_and_stores_moved_their_data(self):
         errors = self.audit.data_errors + self.audit.stored_data_errors()
-        assert not errors, f"data: {errors[0]}" + (f" (and {len(errors) - 1} more)"
-                                                   if len(errors) > 1 else "")
+        assert not errors, f"data: {errors[0]}" + (
+            f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        )
 
     def _ready_chunks_hold_their_keys_data(self):
         for key, entry in self.model.resident.items():
             if entry["ref"] >= 0:
                 held = tuple(self.worker.chunk_tags(entry["chunk"]))
                 assert held == self.audit.expected_tags(key), (
-                    f"chunk {entry['chunk']} of {fmt_key(key)} holds the wrong data")
+                    f"chunk {entry['chunk']} of {fmt_key(key)} holds the wrong data"
+                )
 
     def _computed_blocks_hold_their_data(self):
         for req in self.sched.requests.values():
@@ -240,14 +299,17 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
             n = min(req.num_computed // BLOCK_SIZE, len(req.block_hashes))
             for b in range(n):
                 assert self.worker.gpu_tag(req.block_table[b]) == req.block_hashes[b], (
-                    f"{req!r}: GPU block {req.block_table[b]} (block {b}) holds the wrong data")
+                    f"{req!r}: GPU block {req.block_table[b]} (block {b}) holds the wrong data"
+                )
 
     def _store_accounting_adds_up(self):
         c = self.sched.counters
-        in_flight = sum(len(keys) for kind, _, keys in self.sched.jobs_in_flight().values()
-                        if kind == "store")
+        in_flight = sum(
+            len(keys) for kind, _, keys in self.sched.jobs_in_flight().values() if kind == "store"
+        )
         assert c.admitted == c.stores_completed + c.stores_failed + c.stores_stale + in_flight, (
-            f"store accounting: {c.as_dict()}, {in_flight} in flight")
+            f"store accounting: {c.as_dict()}, {in_flight} in flight"
+        )
 
     def teardown(self):
         if self.sched is not None:
@@ -256,15 +318,29 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
             self.count_labels()
 
 
-def make_machine(target: Target, *, compare_state: bool = True,
-                 worker_cls: Callable[..., NullWorker] = NullWorker) -> type[SchedulerMachineBase]:
+def make_machine(
+    target: Target,
+    *,
+    compare_state: bool = True,
+    worker_cls: Callable[..., NullWorker] = NullWorker,
+) -> type[SchedulerMachineBase]:
     """The scheduler machine checking ``target``, named as Hypothesis prints it.
     ``compare_state=False``: only the calls' answers and the end-to-end checks, no inspection of
     the target's tracker or policy. ``worker_cls``: the worker, built as ``NullWorker`` is (a
     variant of it, to show that the end-to-end checks fail)."""
     from .manager_machine import machine_name
+
     name = machine_name("SchedulerMachine", target.spec)
-    return type(name, (SchedulerMachineBase,),
-                {"TARGET": target, "foreign": target.foreign, "policies": tuple(target.policies),
-                 "recencies": tuple(target.recencies), "compare_state": compare_state,
-                 "worker_cls": staticmethod(worker_cls), "__qualname__": name})
+    return type(
+        name,
+        (SchedulerMachineBase,),
+        {
+            "TARGET": target,
+            "foreign": target.foreign,
+            "policies": tuple(target.policies),
+            "recencies": tuple(target.recencies),
+            "compare_state": compare_state,
+            "worker_cls": staticmethod(worker_cls),
+            "__qualname__": name,
+        },
+    )

@@ -13,6 +13,7 @@ steps take keys from ``Key`` and small numbers from ``Small`` instead, and ``sma
 any such input onto a valid state (distinct keys, counts >= 1, at most ``max_tracker_size``
 of them, no tracker below threshold 2, offers of at most 3 keys), so no search path is wasted.
 """
+
 from __future__ import annotations
 
 import enum
@@ -30,9 +31,16 @@ Tracker = tuple[tuple[bytes, int], ...]
 Step = tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]
 
 
-def tracker_step(tracker: Tracker, counted: frozenset[bytes], skipped: frozenset[bytes],
-                 offer: tuple[bytes, ...], resident: frozenset[bytes], threshold: int,
-                 max_tracker_size: int, tracker_cls: type = AdmissionTracker) -> Step:
+def tracker_step(
+    tracker: Tracker,
+    counted: frozenset[bytes],
+    skipped: frozenset[bytes],
+    offer: tuple[bytes, ...],
+    resident: frozenset[bytes],
+    threshold: int,
+    max_tracker_size: int,
+    tracker_cls: type = AdmissionTracker,
+) -> Step:
     """impl's ``AdmissionTracker`` (or a variant's) as a pure step with the model's signature:
     plain values in, plain values out, no argument mutated."""
     offer_keys = list(dict.fromkeys(offer))
@@ -46,13 +54,17 @@ def tracker_step(tracker: Tracker, counted: frozenset[bytes], skipped: frozenset
     return tuple(t.counts.items()), frozenset(c), frozenset(s), tuple(admitted), new_skips
 
 
-def every_offer_counts_step(tracker: Tracker, counted: frozenset[bytes],
-                            skipped: frozenset[bytes], offer: tuple[bytes, ...],
-                            resident: frozenset[bytes], threshold: int,
-                            max_tracker_size: int) -> Step:
+def every_offer_counts_step(
+    tracker: Tracker,
+    counted: frozenset[bytes],
+    skipped: frozenset[bytes],
+    offer: tuple[bytes, ...],
+    resident: frozenset[bytes],
+    threshold: int,
+    max_tracker_size: int,
+) -> Step:
     """impl's step, told that the request has counted nothing yet; its record still grows."""
-    out = tracker_step(tracker, frozenset(), skipped, offer, resident, threshold,
-                                      max_tracker_size)
+    out = tracker_step(tracker, frozenset(), skipped, offer, resident, threshold, max_tracker_size)
     return (out[0], counted | out[1], *out[2:])
 
 
@@ -78,9 +90,15 @@ class Small(enum.IntEnum):
 SmallTracker = tuple[tuple[Key, Small], ...]
 
 
-def small_state(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
-                offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
-                max_tracker_size: Small) -> tuple:
+def small_state(
+    tracker: SmallTracker,
+    counted: frozenset[Key],
+    skipped: frozenset[Key],
+    offer: tuple[Key, ...],
+    resident: frozenset[Key],
+    threshold: Small,
+    max_tracker_size: Small,
+) -> tuple:
     """The step's arguments for a small input: a key listed twice keeps its last place and
     count, count 0 means untracked, the most recent ``max_tracker_size`` keys stay."""
     t, size = int(threshold), max(1, int(max_tracker_size))
@@ -89,55 +107,106 @@ def small_state(tracker: SmallTracker, counted: frozenset[Key], skipped: frozens
     def keys(chosen) -> frozenset:
         return frozenset(k.value for k in chosen)
 
-    return (tuple(pairs.items())[-size:], keys(counted), keys(skipped),
-            tuple(k.value for k in offer[:3]), keys(resident), t, size)
+    return (
+        tuple(pairs.items())[-size:],
+        keys(counted),
+        keys(skipped),
+        tuple(k.value for k in offer[:3]),
+        keys(resident),
+        t,
+        size,
+    )
 
 
-def model_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
-                offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
-                max_tracker_size: Small) -> Step:
-    return model_admission.admission_step(*small_state(
-        tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+def model_small(
+    tracker: SmallTracker,
+    counted: frozenset[Key],
+    skipped: frozenset[Key],
+    offer: tuple[Key, ...],
+    resident: frozenset[Key],
+    threshold: Small,
+    max_tracker_size: Small,
+) -> Step:
+    return model_admission.admission_step(
+        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size)
+    )
 
 
-def impl_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
-               offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
-               max_tracker_size: Small) -> Step:
-    return tracker_step(*small_state(
-        tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+def impl_small(
+    tracker: SmallTracker,
+    counted: frozenset[Key],
+    skipped: frozenset[Key],
+    offer: tuple[Key, ...],
+    resident: frozenset[Key],
+    threshold: Small,
+    max_tracker_size: Small,
+) -> Step:
+    return tracker_step(
+        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size)
+    )
 
 
-def every_offer_counts_small(tracker: SmallTracker, counted: frozenset[Key],
-                             skipped: frozenset[Key], offer: tuple[Key, ...],
-                             resident: frozenset[Key], threshold: Small,
-                             max_tracker_size: Small) -> Step:
-    return every_offer_counts_step(*small_state(
-        tracker, counted, skipped, offer, resident, threshold, max_tracker_size))
+def every_offer_counts_small(
+    tracker: SmallTracker,
+    counted: frozenset[Key],
+    skipped: frozenset[Key],
+    offer: tuple[Key, ...],
+    resident: frozenset[Key],
+    threshold: Small,
+    max_tracker_size: Small,
+) -> Step:
+    return every_offer_counts_step(
+        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size)
+    )
 
 
-def old_reentry_small(tracker: SmallTracker, counted: frozenset[Key], skipped: frozenset[Key],
-                      offer: tuple[Key, ...], resident: frozenset[Key], threshold: Small,
-                      max_tracker_size: Small) -> Step:
+def old_reentry_small(
+    tracker: SmallTracker,
+    counted: frozenset[Key],
+    skipped: frozenset[Key],
+    offer: tuple[Key, ...],
+    resident: frozenset[Key],
+    threshold: Small,
+    max_tracker_size: Small,
+) -> Step:
     """The first spec's re-entry rule (``mutants.DroppedKeyNotRetracked``'s tracker): a key the
-    request counted is not tracked again once dropped. The amended A2 ``post:`` refuses it."""
+    request counted is not tracked again once dropped. The spec A2 ``post:`` refuses it."""
     from kvgate.properties.mutants import OldReentryTracker
-    return tracker_step(*small_state(
-        tracker, counted, skipped, offer, resident, threshold, max_tracker_size),
-        tracker_cls=OldReentryTracker)
+
+    return tracker_step(
+        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size),
+        tracker_cls=OldReentryTracker,
+    )
 
 
 # ---- CrossHair's commands, with their bounds (tests/test_crosshair.py runs them)
 
+
 def check_command(*targets: str, timeout: float) -> list[str]:
     """``crosshair check``: every ``post:`` gets ``timeout`` CPU seconds."""
-    return [sys.executable, "-m", "crosshair", "check", *targets,
-            "--per_condition_timeout", str(timeout)]
+    return [
+        sys.executable,
+        "-m",
+        "crosshair",
+        "check",
+        *targets,
+        "--per_condition_timeout",
+        str(timeout),
+    ]
 
 
 def diff_command(fn1: str, fn2: str, timeout: float) -> list[str]:
     """``crosshair diffbehavior``: ``timeout`` CPU seconds, half for each order of the two."""
-    return [sys.executable, "-m", "crosshair", "diffbehavior", fn1, fn2,
-            "--per_condition_timeout", str(timeout)]
+    return [
+        sys.executable,
+        "-m",
+        "crosshair",
+        "diffbehavior",
+        fn1,
+        fn2,
+        "--per_condition_timeout",
+        str(timeout),
+    ]
 
 
 @dataclass
@@ -151,19 +220,28 @@ def run(command: list[str], wall_limit: float = 170.0) -> Outcome:
     """Run one CrossHair command from the repository root. Its bounds are CPU time;
     ``wall_limit`` is a backstop."""
     start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=wall_limit,
-                          cwd=Path(__file__).resolve().parents[1])
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=wall_limit,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     return Outcome(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
 
 
 def given_lines(output: str) -> list[tuple]:
     """The inputs of the differences ``diffbehavior`` reported on ``*_small`` steps."""
     names = {"Key": Key, "Small": Small, "frozenset": frozenset}
-    return [tuple(eval(f"dict{line[len('Given: '):].rstrip(',')}", names).values())
-            for line in output.splitlines() if line.startswith("Given: ")]
+    return [
+        tuple(eval(f"dict{line[len('Given: ') :].rstrip(',')}", names).values())
+        for line in output.splitlines()
+        if line.startswith("Given: ")
+    ]
 
 
 # ---- PEP 316 contracts on concrete inputs (for the Hypothesis tests)
+
 
 def contract(fn) -> tuple[list[str], list[str]]:
     """``fn``'s ``pre:`` and ``post:`` expressions, one a line as CrossHair reads them."""

@@ -9,6 +9,7 @@ interface, checked exactly). ``foreign=`` before ``MODULE:ATTR``, ``vllm`` or
 ``vllm=MODULE:ATTR``: the manager's eviction and chunk-id choices are its own, checked for
 legality and adopted (spec section 9).
 """
+
 from __future__ import annotations
 
 from kvgate.impl.manager import OffloadingManager
@@ -20,19 +21,19 @@ def resolve_target(spec: str) -> Target:
     """Turn a target spec into a ``Target``; raises ``TargetError`` with one line on failure."""
     if spec in ("impl", "impl:lru", "impl:arc"):
         policies = POLICIES if spec == "impl" else (spec.split(":")[1],)
-        return Target(spec, OffloadingManager, policies, recencies=RECENCIES,
-                      takes_recency=True)
+        return Target(spec, OffloadingManager, policies, recencies=RECENCIES, takes_recency=True)
     if spec.startswith("mutant:"):
         from .mutants import MUTANTS
+
         name = spec.split(":", 1)[1]
         if name not in MUTANTS:
             raise TargetError(f"unknown mutant {name!r}; `kvgate list` names them")
         mutant = MUTANTS[name]
-        return Target(spec, mutant, mutant.policies, recencies=mutant.recencies,
-                      takes_recency=True)
+        return Target(spec, mutant, mutant.policies, recencies=mutant.recencies, takes_recency=True)
     foreign = spec.startswith("foreign=")
     rest = spec.split("=", 1)[1] if foreign else spec
     if rest == "vllm" or rest.startswith("vllm="):
         from .vllm_adapter import resolve_vllm
+
         return resolve_vllm(rest, foreign=foreign)
     return native_target(spec, import_attr(rest), foreign=foreign)

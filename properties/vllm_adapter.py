@@ -28,6 +28,7 @@ module that defines the target class when it defines its own ``ReqContext`` and
 ``make_offload_key``), so the adapter can be tested without vLLM. Stats: ``reduce()`` may
 summarise the histogram, so its samples are read from the unreduced ``metric_sections()``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -37,23 +38,34 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from kvgate.impl.base import (ALLOCATION_SIZE, CACHE_USAGE, GROUP_BYTES, READ_USAGE, STORES_SKIPPED,
-                              WRITE_USAGE, LookupResult, key_group)
+from kvgate.impl.base import (
+    ALLOCATION_SIZE,
+    CACHE_USAGE,
+    GROUP_BYTES,
+    READ_USAGE,
+    STORES_SKIPPED,
+    WRITE_USAGE,
+    LookupResult,
+    key_group,
+)
 
-from .adapters import (POLICIES, Adapter, Event, Target, TargetError, check_interface,
-                       import_attr)
+from .adapters import POLICIES, Adapter, Event, Target, TargetError, check_interface, import_attr
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
 VLLM_TYPES = "vllm.v1.kv_offload.base"
 # What spec section 10 lists next to the CPU build of torch; the wheel itself goes in with
 # --no-deps so that its CUDA dependency set stays out.
-VLLM_CPU_PACKAGES = ("packaging psutil pyzmq urllib3 regex numpy transformers cbor2 aiohttp "
-                     "requests openai-harmony openai pillow pybase64 cachetools msgspec "
-                     "cloudpickle uvloop py-cpuinfo prometheus_client xgrammar fastapi "
-                     "partial_json_parser llguidance")
-INSTALL_HINT = ("install it next to the CPU build of torch: pip install --no-deps "
-                "vllm==<version> && pip install " + VLLM_CPU_PACKAGES)
+VLLM_CPU_PACKAGES = (
+    "packaging psutil pyzmq urllib3 regex numpy transformers cbor2 aiohttp "
+    "requests openai-harmony openai pillow pybase64 cachetools msgspec "
+    "cloudpickle uvloop py-cpuinfo prometheus_client xgrammar fastapi "
+    "partial_json_parser llguidance"
+)
+INSTALL_HINT = (
+    "install it next to the CPU build of torch: pip install --no-deps "
+    "vllm==<version> && pip install " + VLLM_CPU_PACKAGES
+)
 
 # The attributes past vLLM's public interface that the adapter reads, all of them, for what the
 # oracle inspects where vLLM has no public answer. Everything else goes through public calls.
@@ -72,6 +84,7 @@ def installed_vllm_version() -> str | None:
     """The installed vLLM distribution's version, or None."""
     try:
         from importlib.metadata import PackageNotFoundError, version
+
         return version("vllm")
     except (ImportError, PackageNotFoundError):
         return None
@@ -219,8 +232,7 @@ class VllmAdapter(Adapter):
         out = self._call("prepare_store", self._keys(keys), ctx)
         if out is None:
             return None
-        return (self._backs(out.keys_to_store), _ids(out.store_spec),
-                self._backs(out.evicted_keys))
+        return (self._backs(out.keys_to_store), _ids(out.store_spec), self._backs(out.evicted_keys))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self._call("complete_store", self._keys(keys), ctx, success=success)
@@ -232,10 +244,16 @@ class VllmAdapter(Adapter):
         # vLLM's take_events() is a generator: nothing is drained until it is iterated.
         events = list(self._call("take_events") or ())
         self.raw = events
-        return [Event(tuple(self._backs(e.keys)), bool(e.removed),
-                      bool(getattr(e, "metadata_only", False)),
-                      getattr(e, "removal_expected", None), getattr(e, "req_context", None))
-                for e in events]
+        return [
+            Event(
+                tuple(self._backs(e.keys)),
+                bool(e.removed),
+                bool(getattr(e, "metadata_only", False)),
+                getattr(e, "removal_expected", None),
+                getattr(e, "req_context", None),
+            )
+            for e in events
+        ]
 
     def get_stats(self) -> dict[str, Any] | None:
         stats = self._call("get_stats")
@@ -277,12 +295,18 @@ class VllmAdapter(Adapter):
         policy = self._policy
         if policy is None:
             return [f"the policy ({INTERNALS['policy']})"]
-        lacking = [INTERNALS[n] for n in ("free_list", "allocated", "size")
-                   if self._internal(self.manager, n) is None]
-        if self._internal(policy, "lru_ranks") is None and \
-                self._internal(policy, "arc_target") is None:
-            lacking.append(f"the policy's order ({INTERNALS['lru_ranks']} or "
-                           f"{INTERNALS['arc_target']})")
+        lacking = [
+            INTERNALS[n]
+            for n in ("free_list", "allocated", "size")
+            if self._internal(self.manager, n) is None
+        ]
+        if (
+            self._internal(policy, "lru_ranks") is None
+            and self._internal(policy, "arc_target") is None
+        ):
+            lacking.append(
+                f"the policy's order ({INTERNALS['lru_ranks']} or {INTERNALS['arc_target']})"
+            )
         return lacking
 
     def tracker_items(self) -> list[tuple[Any, int]] | None:
@@ -313,8 +337,7 @@ class VllmAdapter(Adapter):
         p = self._internal(policy, "arc_target")
         if p is None:
             return None
-        return {**{n: self._backs(getattr(policy, n)) for n in ("t1", "t2", "b1", "b2")},
-                "p": p}
+        return {**{n: self._backs(getattr(policy, n)) for n in ("t1", "t2", "b1", "b2")}, "p": p}
 
 
 def recency_of(manager: Any) -> str | None:
@@ -386,16 +409,26 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     size = next((n for n in ("num_chunks", "num_blocks") if n in params), None)
     if size is None and takes_any:
         size = "num_chunks"
-    for name, why in (("store_threshold", "it predates the admission rule"),
-                      ("enable_events", "its events cannot be switched on and checked")):
+    for name, why in (
+        ("store_threshold", "it predates the admission rule"),
+        ("enable_events", "its events cannot be switched on and checked"),
+    ):
         if params and name not in params and not takes_any:
             raise TargetError(f"target {spec!r} takes no {name}: {why}")
 
-    def factory(num_chunks: int, cache_policy: str = "lru", store_threshold: int = 1,
-                max_tracker_size: int = 64_000, enable_events: bool = True):
-        kwargs: dict[str, Any] = dict(cache_policy=cache_policy, enable_events=enable_events,
-                                      store_threshold=store_threshold,
-                                      max_tracker_size=max_tracker_size)
+    def factory(
+        num_chunks: int,
+        cache_policy: str = "lru",
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+        enable_events: bool = True,
+    ):
+        kwargs: dict[str, Any] = dict(
+            cache_policy=cache_policy,
+            enable_events=enable_events,
+            store_threshold=store_threshold,
+            max_tracker_size=max_tracker_size,
+        )
         if size is None:
             return cls(num_chunks, **kwargs)
         return cls(**{size: num_chunks}, **kwargs)
@@ -404,17 +437,20 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     return factory
 
 
-def describe(spec: str, cls: Any, missing: frozenset[str], recency: str | None,
-             uninspectable: list[str]) -> str:
+def describe(
+    spec: str, cls: Any, missing: frozenset[str], recency: str | None, uninspectable: list[str]
+) -> str:
     """One line for the report: which manager, which vLLM, how it is checked."""
     version = installed_vllm_version()
     name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
     parts = [f"{spec}: {name}", f"vLLM {version}" if version else "vLLM not installed"]
     if recency:
-        parts.append(f"{recency}-scoped recency" if recency == "request" else
-                     "touch-based recency")
-    parts.append("lacks " + ", ".join(sorted(missing)) + " (never drawn)" if missing
-                 else "has every optional call")
+        parts.append(f"{recency}-scoped recency" if recency == "request" else "touch-based recency")
+    parts.append(
+        "lacks " + ", ".join(sorted(missing)) + " (never drawn)"
+        if missing
+        else "has every optional call"
+    )
     if uninspectable:
         parts.append("cannot inspect " + ", ".join(uninspectable))
     return "; ".join(parts)
@@ -434,12 +470,15 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
         try:
             module = importlib.import_module(VLLM_MANAGER)
         except Exception as exc:
-            raise TargetError(f"target 'vllm': vLLM is not importable ({_one_line(exc)}); "
-                              f"{INSTALL_HINT}") from None
+            raise TargetError(
+                f"target 'vllm': vLLM is not importable ({_one_line(exc)}); {INSTALL_HINT}"
+            ) from None
         cls = getattr(module, VLLM_MANAGER_CLASS, None)
         if cls is None:
-            raise TargetError(f"target 'vllm': {VLLM_MANAGER} has no {VLLM_MANAGER_CLASS} "
-                              "(an older or newer vLLM than this adapter knows)")
+            raise TargetError(
+                f"target 'vllm': {VLLM_MANAGER} has no {VLLM_MANAGER_CLASS} "
+                "(an older or newer vLLM than this adapter knows)"
+            )
         types = types or vllm_types()
     elif spec.startswith("vllm="):
         path = spec.split("=", 1)[1]
@@ -452,13 +491,11 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
                 types = vllm_types()
     else:
         raise TargetError(f"target {spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
-    missing = (check_interface(cls, VllmAdapter.INTERFACE) if isinstance(cls, type)
-               else frozenset())
+    missing = check_interface(cls, VllmAdapter.INTERFACE) if isinstance(cls, type) else frozenset()
     factory = vllm_factory(cls, name)
     adapter = VllmAdapter.with_types(types)
     try:  # capabilities that only a built manager shows
-        probe = adapter(factory(4, cache_policy=POLICIES[0], store_threshold=2,
-                                max_tracker_size=4))
+        probe = adapter(factory(4, cache_policy=POLICIES[0], store_threshold=2, max_tracker_size=4))
     except TargetError:
         raise
     except Exception as exc:  # a constructor that raises: the machines report it (spec s9)
@@ -467,9 +504,19 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
         recency, uninspectable = recency_of(probe.manager), probe.uninspectable()
         missing = probe.missing
         if recency is None and not foreign:
-            raise TargetError(f"target {spec!r}: its policy has neither request-scoped hooks "
-                              f"({', '.join(REQUEST_HOOKS)}) nor touch, so its recency cannot "
-                              f"be modelled; check it as foreign={spec}")
-    return Target(name, factory, POLICIES, foreign=foreign, adapter=adapter, missing=missing,
-                  note=describe(name, cls, missing, recency, uninspectable),
-                  recencies=(recency,) if recency else ("touch",), kvgate_interface=False)
+            raise TargetError(
+                f"target {spec!r}: its policy has neither request-scoped hooks "
+                f"({', '.join(REQUEST_HOOKS)}) nor touch, so its recency cannot "
+                f"be modelled; check it as foreign={spec}"
+            )
+    return Target(
+        name,
+        factory,
+        POLICIES,
+        foreign=foreign,
+        adapter=adapter,
+        missing=missing,
+        note=describe(name, cls, missing, recency, uninspectable),
+        recencies=(recency,) if recency else ("touch",),
+        kvgate_interface=False,
+    )

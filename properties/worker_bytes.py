@@ -10,6 +10,7 @@ the worker (``tensors``: the caller's view of each layer; ``raw``: page and padd
 and keeps the bytes they and the worker's CPU tier should hold; ``check`` compares all of them
 but the destinations of jobs not yet reported, whose copy may or may not have run.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -59,27 +60,37 @@ class ByteModel:
         self.tensors: list[torch.Tensor] = []  # the caller's view of each layer: the worker's input
         for layer, spec in enumerate(layout.layers):
             width = spec.page_bytes + spec.pad_bytes
-            host = torch.stack([torch.cat([content(layer, self.gpu_label[b], spec.page_bytes),
-                                           padding(layer, b, spec.pad_bytes)])
-                                for b in range(self.n_blocks)])
+            host = torch.stack(
+                [
+                    torch.cat(
+                        [
+                            content(layer, self.gpu_label[b], spec.page_bytes),
+                            padding(layer, b, spec.pad_bytes),
+                        ]
+                    )
+                    for b in range(self.n_blocks)
+                ]
+            )
             raw = host.to(device)
             assert raw.shape == (self.n_blocks, width)
-            tensor = raw[:, :spec.page_bytes].view(DTYPES[spec.dtype])
+            tensor = raw[:, : spec.page_bytes].view(DTYPES[spec.dtype])
             if spec.split:
                 tensor = tensor.view(self.n_blocks, 2, -1)
             self.raw.append(raw)
             self.tensors.append(tensor)
         # What every byte should hold now (host tensors, updated with the labels).
         self.expected_gpu = [raw.cpu().clone() for raw in self.raw]
-        self.expected_cpu = [torch.zeros((self.n_slots, s.page_bytes), dtype=torch.uint8)
-                             for s in layout.layers]
+        self.expected_cpu = [
+            torch.zeros((self.n_slots, s.page_bytes), dtype=torch.uint8) for s in layout.layers
+        ]
         self.bytes_per_block = sum(s.page_bytes for s in layout.layers)
 
     def set_gpu_label(self, block: int, label: int) -> None:
         self.gpu_label[block] = label
         for layer, spec in enumerate(self.layout.layers):
-            self.expected_gpu[layer][block, :spec.page_bytes] = content(layer, label,
-                                                                        spec.page_bytes)
+            self.expected_gpu[layer][block, : spec.page_bytes] = content(
+                layer, label, spec.page_bytes
+            )
 
     def set_slot_label(self, slot: int, label: int) -> None:
         self.slot_label[slot] = label
@@ -91,8 +102,7 @@ class ByteModel:
         label = self.next_label
         self.next_label += 1
         for layer, spec in enumerate(self.layout.layers):
-            self.raw[layer][block, :spec.page_bytes].copy_(content(layer, label,
-                                                                   spec.page_bytes))
+            self.raw[layer][block, : spec.page_bytes].copy_(content(layer, label, spec.page_bytes))
         self.set_gpu_label(block, label)
         return label
 
@@ -102,28 +112,33 @@ class ByteModel:
         out += [(f"cpu layer {i}", t.cpu().clone()) for i, t in enumerate(cpu_tensors)]
         return out
 
-    def check(self, cpu_tensors: list[torch.Tensor], blocks_in_flight: set[int],
-              slots_in_flight: set[int]) -> None:
+    def check(
+        self, cpu_tensors: list[torch.Tensor], blocks_in_flight: set[int], slots_in_flight: set[int]
+    ) -> None:
         """Every byte holds what the model says, except GPU blocks and sub-blocks that a job not
-        yet reported writes; the CPU tier has the shape SPEC section 6 fixes."""
+        yet reported writes; the CPU tier has the shape spec §6 fixes."""
         for layer, spec in enumerate(self.layout.layers):
             page = spec.page_bytes
             actual, expected = self.raw[layer].cpu(), self.expected_gpu[layer]
             if not torch.equal(actual, expected):
                 for b in (actual != expected).any(1).nonzero().flatten().tolist():
                     assert torch.equal(actual[b, page:], expected[b, page:]), (
-                        f"layer {layer}: the padding after gpu block {b}'s page changed")
+                        f"layer {layer}: the padding after gpu block {b}'s page changed"
+                    )
                     assert b in blocks_in_flight, (
                         f"layer {layer}: gpu block {b} should hold label {self.gpu_label[b]}"
-                        f" ({_describe(actual[b, :page])})")
+                        f" ({_describe(actual[b, :page])})"
+                    )
             cpu = cpu_tensors[layer]
             expected_shape = (self.n_chunks, page * self.bpc)
             assert tuple(cpu.shape) == expected_shape and cpu.dtype == torch.uint8, (
                 f"layer {layer}: cpu tensor is {cpu.dtype} {tuple(cpu.shape)}, "
-                f"expected uint8 {expected_shape}")
+                f"expected uint8 {expected_shape}"
+            )
             actual, expected = cpu.cpu().view(self.n_slots, page), self.expected_cpu[layer]
             if not torch.equal(actual, expected):
                 for s in (actual != expected).any(1).nonzero().flatten().tolist():
                     assert s in slots_in_flight, (
                         f"layer {layer}: sub-block {s % self.bpc} of chunk {s // self.bpc} "
-                        f"should hold label {self.slot_label[s]} ({_describe(actual[s])})")
+                        f"should hold label {self.slot_label[s]} ({_describe(actual[s])})"
+                    )

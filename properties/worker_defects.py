@@ -8,6 +8,7 @@ with the unreported job it clashes with (``store job 4``); for a wrong chunk cou
 direction. ``refused(what, names)`` checks that; ``invalid_transfer`` and ``construction`` build
 the calls from the machine's state (its layout, its unreported jobs, the ids it used).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,15 +21,39 @@ from kvgate.impl.worker import LOAD, STORE
 
 # Constructor calls (WorkerMachine.construction): the refused ones, then three that must be
 # accepted.
-CTOR_DEFECTS = ("tensor_not_list", "not_a_sequence", "no_layers", "num_chunks_type",
-                "num_chunks_negative", "bpc_type", "bpc_zero", "layer_not_tensor", "layer_0d",
-                "block_count", "device", "no_blocks", "empty_pages", "block_not_contiguous",
-                "blocks_overlap", "not_byte_viewable")
+CTOR_DEFECTS = (
+    "tensor_not_list",
+    "not_a_sequence",
+    "no_layers",
+    "num_chunks_type",
+    "num_chunks_negative",
+    "bpc_type",
+    "bpc_zero",
+    "layer_not_tensor",
+    "layer_0d",
+    "block_count",
+    "device",
+    "no_blocks",
+    "empty_pages",
+    "block_not_contiguous",
+    "blocks_overlap",
+    "not_byte_viewable",
+)
 CTOR_ACCEPTED = ("zero_chunks", "flat_layer_default_bpc", "one_block_any_stride")
 # Transfers (WorkerMachine.invalid_transfer).
-DEFECTS = ("chunk_count", "gpu_block_range", "chunk_range", "negative_id", "repeated_block",
-           "repeated_chunk", "offset_range", "reused_job_id", "not_an_int", "not_a_sequence",
-           "hazard")
+DEFECTS = (
+    "chunk_count",
+    "gpu_block_range",
+    "chunk_range",
+    "negative_id",
+    "repeated_block",
+    "repeated_chunk",
+    "offset_range",
+    "reused_job_id",
+    "not_an_int",
+    "not_a_sequence",
+    "hazard",
+)
 
 
 class Construction(NamedTuple):
@@ -80,7 +105,8 @@ def clashes(m, kind: str, blocks, chunks, offset: int) -> tuple:
             for s in slots:
                 if s in job.slots:
                     where = (f"chunk {s // m.bpc}",) + (
-                        (f"sub-block {s % m.bpc}",) if m.bpc > 1 else ())
+                        (f"sub-block {s % m.bpc}",) if m.bpc > 1 else ()
+                    )
                     pairs.append((*where, who))
         if block_clash:
             pairs += [(f"gpu block {b}", who) for b in blocks if b in job.blocks]
@@ -103,11 +129,14 @@ def invalid_transfer(m, kind: str, defect: str, picks, chunk_pick: int, offset_p
         defect = "offset_range"
     if defect == "hazard" and not live:
         defect = "chunk_count"
-    # What the refusal must name (SPEC section 6: "a ValueError naming it").
+    # What the refusal must name (spec §6: "a ValueError naming it").
     names: tuple = ()
     if defect == "chunk_count":
-        chunks = chunks[:-1] if len(chunks) > 1 or offset_pick % 2 else chunks + [
-            (chunks[-1] + 1) % m.n_chunks]
+        chunks = (
+            chunks[:-1]
+            if len(chunks) > 1 or offset_pick % 2
+            else chunks + [(chunks[-1] + 1) % m.n_chunks]
+        )
         # The count and the direction; where the added id repeats one (a single chunk)
         # the refusal may name the repeat instead.
         names = ("chunk",) if len(set(chunks)) < len(chunks) else ("chunk", kind)
@@ -138,7 +167,7 @@ def invalid_transfer(m, kind: str, defect: str, picks, chunk_pick: int, offset_p
         need = -(-(offset + len(blocks)) // m.bpc)
         spare = [c for c in range(m.n_chunks) if c not in chunks]
         if offset > 0 and 0 < need - len(chunks) <= len(spare):
-            chunks += spare[:need - len(chunks)]
+            chunks += spare[: need - len(chunks)]
     elif defect == "reused_job_id":
         job_id = m.used_ids[offset_pick % len(m.used_ids)]
         names = ("job_id", str(job_id))
@@ -160,8 +189,7 @@ def invalid_transfer(m, kind: str, defect: str, picks, chunk_pick: int, offset_p
             blocks[0] = str(blocks[0])
             names = ("gpu_blocks", repr(blocks[0]))
     elif defect == "not_a_sequence":  # the whole list replaced by something that is not one
-        bad = (len(blocks), None, "".join(map(str, blocks)), float(len(chunks)))[
-            offset_pick % 4]
+        bad = (len(blocks), None, "".join(map(str, blocks)), float(len(chunks)))[offset_pick % 4]
         if offset_pick // 4:
             chunks, names = bad, ("chunk_ids", repr(bad))
         else:
@@ -183,7 +211,6 @@ def invalid_transfer(m, kind: str, defect: str, picks, chunk_pick: int, offset_p
             blocks, chunks = [block], [free[chunk_pick % len(free)]] if free else [chunks[0]]
         names = (clashes(m, kind, blocks, chunks, offset),)
     return job_id, blocks, chunks, offset, defect, names
-
 
 
 def construction(m, case: str, pick: int) -> Construction:

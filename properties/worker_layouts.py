@@ -1,8 +1,9 @@
 """The layouts the worker machine builds a worker for: one to three layers, each a page of some
 dtype (optionally split into K and V halves) with padding after it, over a number of GPU blocks,
-CPU chunks and blocks per chunk (SPEC section 6). ``worker_layouts()`` draws one; a printed
+CPU chunks and blocks per chunk (spec §6). ``worker_layouts()`` draws one; a printed
 counterexample names it as ``WorkerLayout(layers=(LayerSpec(...), ...), ...)``.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -10,8 +11,14 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-DTYPES = {"uint8": torch.uint8, "int16": torch.int16, "float16": torch.float16,
-          "int32": torch.int32, "float32": torch.float32, "int64": torch.int64}
+DTYPES = {
+    "uint8": torch.uint8,
+    "int16": torch.int16,
+    "float16": torch.float16,
+    "int32": torch.int32,
+    "float32": torch.float32,
+    "int64": torch.int64,
+}
 
 
 class LayerSpec(NamedTuple):

@@ -1,10 +1,10 @@
-"""A state machine that drives one copy worker alone against a byte model (SPEC section 6).
+"""A state machine that drives one copy worker alone against a byte model (spec §6).
 
 The model (``properties.worker_bytes``) is deliberately trivial: every GPU block and every CPU
 sub-block holds a *label*, whose bytes are a fixed function of the label and the layer, and the
 padding after each GPU page a pattern nothing may change. After every step the machine compares
 every byte it can predict: GPU pages and padding, and the worker's CPU tier
-(``worker.cpu_tensors``, whose shape SPEC section 6 fixes); only the destinations of jobs not yet
+(``worker.cpu_tensors``, whose shape spec §6 fixes); only the destinations of jobs not yet
 reported are left out, since their copy may or may not have run. The layouts it builds workers
 for are ``properties.worker_layouts``; the bad transfers and constructions, and what their
 refusals must say, ``properties.worker_defects``.
@@ -35,6 +35,7 @@ usable chunks starts (and, past one lap, that it runs backwards), ``offset_pick`
 modulo ``blocks_per_chunk``; each step notes the transfer it actually made, so a counterexample
 reads in block and chunk ids.
 """
+
 from __future__ import annotations
 
 import math
@@ -112,7 +113,7 @@ def _stepped(src, dst) -> bool:
     """Four positions in a row where the source id goes up by one and the destination id by
     two (a load of sub-blocks in a row into every other GPU block): no run to slice."""
     steps = [(b - a, d - c) for a, b, c, d in zip(src, src[1:], dst, dst[1:])]
-    return any(steps[i:i + 3] == [(1, 2)] * 3 for i in range(len(steps) - 2))
+    return any(steps[i : i + 3] == [(1, 2)] * 3 for i in range(len(steps) - 2))
 
 
 def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
@@ -123,33 +124,46 @@ def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
 LABELS = {
     **{f"{k} submitted": _submitted(k) for k in (STORE, LOAD)},
     **{f"{k} with offset": _submitted(k, lambda e: e["offset"] > 0) for k in (STORE, LOAD)},
-    **{f"{k} over several chunks": _submitted(k, lambda e: e["chunks"] > 1)
-       for k in (STORE, LOAD)},
+    **{f"{k} over several chunks": _submitted(k, lambda e: e["chunks"] > 1) for k in (STORE, LOAD)},
     "empty transfer": lambda e: e["rule"].startswith("submit_") and e["blocks"] == 0,
     "long run in a transfer": lambda e: e["rule"].startswith("submit_") and e["run"] >= 4,
     "long run among scattered ids": lambda e: e["rule"].startswith("submit_") and e["mixed"],
     "ids as a tensor": lambda e: e["rule"].startswith("submit_") and e["form"] == "tensor",
-    "default offset": lambda e: (e["rule"].startswith("submit_") and e["form"] == "tuple"
-                                 and e["offset"] == 0),
-    "whole transfer one run": lambda e: (e["rule"].startswith("submit_")
-                                         and e["run"] == e["blocks"] >= 4),
+    "default offset": lambda e: (
+        e["rule"].startswith("submit_") and e["form"] == "tuple" and e["offset"] == 0
+    ),
+    "whole transfer one run": lambda e: (
+        e["rule"].startswith("submit_") and e["run"] == e["blocks"] >= 4
+    ),
     "copy whose source runs while the destination steps by two": lambda e: (
-        e["rule"].startswith("submit_") and e["stepped"]),
+        e["rule"].startswith("submit_") and e["stepped"]
+    ),
     "copy raised, reported": lambda e: e.get("reported") is not None and e.get("raised"),
     "wait": lambda e: e["rule"] == "wait_then_get_finished" and e.get("waited", 0) > 0,
     "failed job reported": lambda e: e.get("reported") is not None and e["failed"],
-    **{f"{k} reported": (lambda e, k=k: e.get("reported") == k and not e["failed"])
-       for k in (STORE, LOAD)},
-    **{f"refused: {d}": (lambda e, d=d: e["rule"] == "invalid_transfer" and e["defect"] == d)
-       for d in DEFECTS},
-    **{f"construction: {d}": (lambda e, d=d: e["rule"] == "construction" and e["case"] == d)
-       for d in CTOR_DEFECTS + CTOR_ACCEPTED},
-    **{f"failures queued: {k or 'either direction'}": (
-        lambda e, k=k: e["rule"] == "fail_next" and e["n"] > 0 and e["kind"] == k)
-       for k in (None, STORE, LOAD)},
+    **{
+        f"{k} reported": (lambda e, k=k: e.get("reported") == k and not e["failed"])
+        for k in (STORE, LOAD)
+    },
+    **{
+        f"refused: {d}": (lambda e, d=d: e["rule"] == "invalid_transfer" and e["defect"] == d)
+        for d in DEFECTS
+    },
+    **{
+        f"construction: {d}": (lambda e, d=d: e["rule"] == "construction" and e["case"] == d)
+        for d in CTOR_DEFECTS + CTOR_ACCEPTED
+    },
+    **{
+        f"failures queued: {k or 'either direction'}": (
+            lambda e, k=k: e["rule"] == "fail_next" and e["n"] > 0 and e["kind"] == k
+        )
+        for k in (None, STORE, LOAD)
+    },
     "failures queued: none (n=0)": lambda e: e["rule"] == "fail_next" and e["n"] == 0,
-    **{f"fail_next refused: {d}": (lambda e, d=d: e["rule"] == "bad_fail_next" and e["arg"] == d)
-       for d in ("n", "kind")},
+    **{
+        f"fail_next refused: {d}": (lambda e, d=d: e["rule"] == "bad_fail_next" and e["arg"] == d)
+        for d in ("n", "kind")
+    },
 }
 
 
@@ -206,7 +220,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.bytes = ByteModel(layout, self.device)
         self.worker = self._build(self.bytes.tensors, self.n_chunks, self.bpc)
         assert getattr(self.worker, "last_error", None) is None, (
-            f"a new worker's last_error is {self.worker.last_error!r}: no copy has raised yet")
+            f"a new worker's last_error is {self.worker.last_error!r}: no copy has raised yet"
+        )
         self.pending: dict[int, _Pending] = {}
         self.order: dict[str, list[int]] = {STORE: [], LOAD: []}
         self.used_ids: list[int] = []
@@ -233,8 +248,17 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 s_read.update(job.slots)
         return b_read, b_written, s_read, s_written
 
-    def choose(self, kind, picks, chunk_pick, offset_pick, run=0, stretch_pick=None,
-                pattern="run", chunk_mode=None):
+    def choose(
+        self,
+        kind,
+        picks,
+        chunk_pick,
+        offset_pick,
+        run=0,
+        stretch_pick=None,
+        pattern="run",
+        chunk_mode=None,
+    ):
         """A transfer the worker must accept (no clash with unreported jobs), or None. With
         ``run > 0`` the transfer holds a stretch of up to ``run`` consecutive free blocks
         (inserted among the picked ones at position ``len(picks) // 2``) and its chunks, by
@@ -250,15 +274,17 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         else:
             blocks_ok = [b for b in range(self.n_blocks) if b not in b_read | b_written]
             busy = s_written
-        chunks_ok = [c for c in range(self.n_chunks)
-                     if not any(c * bpc + j in busy for j in range(bpc))]
+        chunks_ok = [
+            c for c in range(self.n_chunks) if not any(c * bpc + j in busy for j in range(bpc))
+        ]
         if not blocks_ok or not chunks_ok:
             return None
         offset = offset_pick % bpc
         picked = [blocks_ok[p % len(blocks_ok)] for p in picks]
         if run:
-            first = blocks_ok[(chunk_pick if stretch_pick is None else stretch_pick)
-                              % len(blocks_ok)]
+            first = blocks_ok[
+                (chunk_pick if stretch_pick is None else stretch_pick) % len(blocks_ok)
+            ]
             # run: f, f+1, f+2, ...; every_other: f, f+2, f+4, ...; interleaved: two runs
             # woven together, f, f+3, f+1, f+4, f+2, ... (each id goes up by one every
             # second position). The stretch stops at the first block that is not free.
@@ -289,10 +315,21 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    def _submit(self, kind, picks, chunk_pick, offset_pick, run=0, form="list",
-                stretch_pick=None, pattern="run", chunk_mode=None) -> None:
-        chosen = self.choose(kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern,
-                              chunk_mode)
+    def _submit(
+        self,
+        kind,
+        picks,
+        chunk_pick,
+        offset_pick,
+        run=0,
+        form="list",
+        stretch_pick=None,
+        pattern="run",
+        chunk_mode=None,
+    ) -> None:
+        chosen = self.choose(
+            kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern, chunk_mode
+        )
         if chosen is None:
             note(f"no {kind} possible now")
             return
@@ -301,9 +338,12 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         budget = next((k for k in (kind, None) if self.fail_budget[k] > 0), False)
         fails = budget is not False  # the direction's own failures go first, then either's
         raises = self.raise_next and not fails
-        note(f"job {job_id}: {kind} gpu_blocks={blocks} chunk_ids={chunks} offset={offset}"
-             + (f" (ids as a {form})" if form != "list" else "")
-             + (" (injected failure)" if fails else "") + (" (its copy raises)" if raises else ""))
+        note(
+            f"job {job_id}: {kind} gpu_blocks={blocks} chunk_ids={chunks} offset={offset}"
+            + (f" (ids as a {form})" if form != "list" else "")
+            + (" (injected failure)" if fails else "")
+            + (" (its copy raises)" if raises else "")
+        )
         if form == "tensor":
             ids = (torch.tensor(blocks, dtype=torch.int64), torch.tensor(chunks, dtype=torch.int64))
         else:
@@ -319,7 +359,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             self.raise_next = False
             assert self.worker.last_error is self.raised, (
                 f"job {job_id}: its copy raised {self.raised!r}, but last_error is "
-                f"{self.worker.last_error!r}")
+                f"{self.worker.last_error!r}"
+            )
             self._unbreak()
         self.next_job += 1
         self.used_ids.append(job_id)
@@ -330,32 +371,56 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             effects = tuple((s, self.bytes.gpu_label[b]) for b, s in zip(blocks, slots))
         else:
             effects = tuple((b, self.bytes.slot_label[s]) for b, s in zip(blocks, slots))
-        self.pending[job_id] = _Pending(kind, tuple(blocks), tuple(slots), effects,
-                                        fails or raises, raises, call_seconds)
+        self.pending[job_id] = _Pending(
+            kind, tuple(blocks), tuple(slots), effects, fails or raises, raises, call_seconds
+        )
         self.order[kind].append(job_id)
-        self.record(f"submit_{kind}", offset=offset, chunks=len(chunks), blocks=len(blocks),
-                    run=_longest_run(blocks, slots), raises=raises, form=form,
-                    mixed=_mixed(blocks, slots),
-                    stepped=not (fails or raises) and _stepped(
-                        *((blocks, slots) if kind == STORE else (slots, blocks))))
+        self.record(
+            f"submit_{kind}",
+            offset=offset,
+            chunks=len(chunks),
+            blocks=len(blocks),
+            run=_longest_run(blocks, slots),
+            raises=raises,
+            form=form,
+            mixed=_mixed(blocks, slots),
+            stepped=not (fails or raises)
+            and _stepped(*((blocks, slots) if kind == STORE else (slots, blocks))),
+        )
 
-    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
-          form=st.sampled_from(ID_FORMS))
+    @rule(
+        picks=PICKS,
+        chunk_pick=PICK,
+        offset_pick=st.integers(0, 7),
+        run=RUN,
+        form=st.sampled_from(ID_FORMS),
+    )
     def submit_store(self, picks, chunk_pick, offset_pick, run, form):
         self._submit(STORE, picks, chunk_pick, offset_pick, run, form)
 
-    @rule(picks=PICKS, chunk_pick=PICK, offset_pick=st.integers(0, 7), run=RUN,
-          form=st.sampled_from(ID_FORMS))
+    @rule(
+        picks=PICKS,
+        chunk_pick=PICK,
+        offset_pick=st.integers(0, 7),
+        run=RUN,
+        form=st.sampled_from(ID_FORMS),
+    )
     def submit_load(self, picks, chunk_pick, offset_pick, run, form):
         self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
 
-    @rule(kind=st.sampled_from([STORE, LOAD]), run=st.integers(4, 8),
-          picks=st.lists(PICK, min_size=1, max_size=2), stretch_pick=st.integers(0, 2),
-          chunk_pick=PICK, offset_pick=st.integers(0, 7),
-          pattern=st.sampled_from(["run", "every_other", "interleaved"]),
-          chunk_mode=st.sampled_from([0, 0, 1, 2]))
-    def submit_mixed(self, kind, run, picks, stretch_pick, chunk_pick, offset_pick, pattern,
-                     chunk_mode):
+    @rule(
+        kind=st.sampled_from([STORE, LOAD]),
+        run=st.integers(4, 8),
+        picks=st.lists(PICK, min_size=1, max_size=2),
+        stretch_pick=st.integers(0, 2),
+        chunk_pick=PICK,
+        offset_pick=st.integers(0, 7),
+        pattern=st.sampled_from(["run", "every_other", "interleaved"]),
+        chunk_mode=st.sampled_from([0, 0, 1, 2]),
+    )
+    def submit_mixed(
+        self, kind, run, picks, stretch_pick, chunk_pick, offset_pick, pattern, chunk_mode
+    ):
         """A transfer that holds a stretch of 4 or more consecutive blocks among scattered ones
         (the CPU path copies the stretch as one slice where the sub-blocks advance with it, and
         the other positions row by row; _choose says how the chunks are ordered). The stretch
@@ -364,12 +429,13 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         sub-blocks run beside it (the GPU ids step by two where the CPU ids go up by one)."""
         if pattern == "every_other":
             chunk_mode = 0
-        self._submit(kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick, pattern,
-                     chunk_mode)
+        self._submit(
+            kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick, pattern, chunk_mode
+        )
 
     @rule()
     def copy_raises(self):
-        """The next accepted copy raises (SPEC section 6: reported ``success=False``, the
+        """The next accepted copy raises (spec §6: reported ``success=False``, the
         exception kept in ``last_error``). The machine replaces the worker's copy routines on
         the instance (as tests/test_worker.py does); the stand-in raises before any byte moves,
         so nothing may move. A worker without them (a foreign factory) is left alone."""
@@ -438,8 +504,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
     @rule(picks=PICKS, everything=st.booleans(), strangers=st.booleans())
     def wait_then_get_finished(self, picks, everything, strangers):
         pending = [j for j in self.used_ids if j in self.pending]
-        waited = list(pending) if everything else (
-            _dedup(pending[p % len(pending)] for p in picks) if pending else [])
+        waited = (
+            list(pending)
+            if everything
+            else (_dedup(pending[p % len(pending)] for p in picks) if pending else [])
+        )
         asked = waited + ([self.next_job + 1000] + self.used_ids[:1] if strangers else [])
         note(f"wait({asked})")
         self.worker.wait(asked)
@@ -454,28 +523,36 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             assert isinstance(r, TransferResult), f"not a TransferResult: {r!r}"
             assert r.job_id in self.pending, (
                 f"{r!r} reports job {r.job_id}, which is not pending "
-                "(never submitted, refused, or reported before)")
+                "(never submitted, refused, or reported before)"
+            )
             job = self.pending[r.job_id]
             oldest = self.order[job.kind][0]
             assert r.job_id == oldest, (
-                f"{job.kind} job {r.job_id} reported before the earlier {job.kind} job {oldest}")
+                f"{job.kind} job {r.job_id} reported before the earlier {job.kind} job {oldest}"
+            )
             assert r.success is (not job.fails), (
-                f"job {r.job_id}: success={r.success!r}, expected {not job.fails}")
+                f"job {r.job_id}: success={r.success!r}, expected {not job.fails}"
+            )
             expected_bytes = 0 if job.fails else len(job.blocks) * self.bytes.bytes_per_block
             assert r.bytes == expected_bytes, (
-                f"job {r.job_id}: bytes={r.bytes}, expected {expected_bytes}")
+                f"job {r.job_id}: bytes={r.bytes}, expected {expected_bytes}"
+            )
             assert isinstance(r.seconds, float) and 0.0 <= r.seconds < math.inf, (
-                f"job {r.job_id}: seconds={r.seconds!r}")
+                f"job {r.job_id}: seconds={r.seconds!r}"
+            )
             if job.fails and not job.raises:
                 assert r.seconds == 0.0, (
-                    f"job {r.job_id}: an injected failure reports seconds={r.seconds!r}, not 0.0")
+                    f"job {r.job_id}: an injected failure reports seconds={r.seconds!r}, not 0.0"
+                )
             if job.blocks and not job.fails:
                 assert r.seconds > 0.0, (
-                    f"job {r.job_id}: copied {r.bytes} bytes in seconds={r.seconds!r}")
+                    f"job {r.job_id}: copied {r.bytes} bytes in seconds={r.seconds!r}"
+                )
             if self.device.type == "cpu":  # the copy ran inside submit_*: it took no longer
                 assert r.seconds <= job.call_seconds, (
                     f"job {r.job_id}: seconds={r.seconds!r}, but its submit_* call (where the "
-                    f"CPU copy runs) took {job.call_seconds!r} s")
+                    f"CPU copy runs) took {job.call_seconds!r} s"
+                )
             self.order[job.kind].pop(0)
             del self.pending[r.job_id]
             self.record(rule, reported=job.kind, failed=job.fails, raised=job.raises)
@@ -486,16 +563,25 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
                 apply(dest, label)
         if self.device.type == "cpu":
             assert not self.pending, (
-                f"jobs {sorted(self.pending)} are not reported, but CPU copies are synchronous")
+                f"jobs {sorted(self.pending)} are not reported, but CPU copies are synchronous"
+            )
 
-    @rule(kind=st.sampled_from([STORE, LOAD]), defect=st.sampled_from(DEFECTS), picks=PICKS,
-          chunk_pick=PICK, offset_pick=st.integers(0, 7))
+    @rule(
+        kind=st.sampled_from([STORE, LOAD]),
+        defect=st.sampled_from(DEFECTS),
+        picks=PICKS,
+        chunk_pick=PICK,
+        offset_pick=st.integers(0, 7),
+    )
     def invalid_transfer(self, kind, defect, picks, chunk_pick, offset_pick):
         """A transfer with one defect is refused with ValueError before any byte moves."""
         job_id, blocks, chunks, offset, defect, names = worker_defects.invalid_transfer(
-            self, kind, defect, picks, chunk_pick, offset_pick)
-        note(f"invalid {kind} ({defect}): job_id={job_id!r} gpu_blocks={blocks!r} "
-             f"chunk_ids={chunks!r} offset={offset!r}")
+            self, kind, defect, picks, chunk_pick, offset_pick
+        )
+        note(
+            f"invalid {kind} ({defect}): job_id={job_id!r} gpu_blocks={blocks!r} "
+            f"chunk_ids={chunks!r} offset={offset!r}"
+        )
         self.worker.wait(list(self.pending))  # nothing may be in flight while we compare
         before = self.bytes.snapshot(self.worker.cpu_tensors)
         with refused(f"invalid {kind} ({defect})", names):
@@ -526,14 +612,17 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             assert [tuple(g.shape) for g in worker.gpu_pages] == [(n, p) for p in pages], case
             worker.submit_store(0, [], [])
             assert [(r.job_id, r.success, r.bytes) for r in worker.get_finished()] == [
-                (0, True, 0)], case
+                (0, True, 0)
+            ], case
         else:
             with refused(f"construction ({case})", names):
                 self._build(*args)
             if case == "blocks_overlap":  # and the smallest such layer: two blocks, alone
                 two = tensors[i].new_zeros(stride + 3).as_strided((2, 3), (stride, 1))
-                with refused("construction (blocks_overlap, two blocks)",
-                              ("gpu_tensors[0]", "overlap", f"stride {stride}")):
+                with refused(
+                    "construction (blocks_overlap, two blocks)",
+                    ("gpu_tensors[0]", "overlap", f"stride {stride}"),
+                ):
                     self._build([two], self.n_chunks, self.bpc)
         self.record("construction", case=case)
 
@@ -558,8 +647,9 @@ def make_machine(target: Callable[..., Any], name: str | None = None) -> type[Wo
     blocks_per_chunk=1, *, clock)``, named ``<factory>Machine`` unless ``name`` says."""
     factory = target
     name = name or f"{getattr(factory, '__name__', 'Worker')}Machine"
-    cls = type(name, (WorkerMachine,), {"worker_factory": staticmethod(factory),
-                                        "__module__": __name__})
+    cls = type(
+        name, (WorkerMachine,), {"worker_factory": staticmethod(factory), "__module__": __name__}
+    )
     cls.__qualname__ = name
     return cls
 
@@ -571,8 +661,17 @@ ReportsBeforeCopyMachine = make_machine(bad_workers.ReportsBeforeCopy)
 ReportsOutOfOrderMachine = make_machine(bad_workers.ReportsOutOfOrder)
 WritesBeforeValidatingMachine = make_machine(bad_workers.WritesBeforeValidating)
 FailsEitherDirectionMachine = make_machine(bad_workers.FailsEitherDirection)
-BAD_MACHINES = {cls.__name__: globals()[f"{cls.__name__}Machine"]
-                for cls in bad_workers.BAD_WORKERS}  # worker name -> its machine
+BAD_MACHINES = {
+    cls.__name__: globals()[f"{cls.__name__}Machine"] for cls in bad_workers.BAD_WORKERS
+}  # worker name -> its machine
 
-__all__ = ["BAD_MACHINES", "LABELS", "LayerSpec", "WorkerLayout", "WorkerMachine", "make_machine",
-           "OffloadWorkerMachine", *(m.__name__ for m in BAD_MACHINES.values())]
+__all__ = [
+    "BAD_MACHINES",
+    "LABELS",
+    "LayerSpec",
+    "WorkerLayout",
+    "WorkerMachine",
+    "make_machine",
+    "OffloadWorkerMachine",
+    *(m.__name__ for m in BAD_MACHINES.values()),
+]

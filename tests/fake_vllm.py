@@ -21,6 +21,7 @@ does the same for a known-bad manager, ``FakeManagerWithoutTouch`` lacks ``touch
 The module defines ``ReqContext`` and ``make_offload_key``, so ``vllm=tests.fake_vllm:...``
 targets take their types from here (``properties.vllm_adapter.resolve_vllm``).
 """
+
 from __future__ import annotations
 
 import enum
@@ -126,10 +127,12 @@ class Stats:
     ``metric_sections()``."""
 
     def __init__(self, values: dict[str, Any]):
-        self._types = {name: "histogram" if isinstance(v, list) else "gauge"
-                       for name, v in values.items()}
-        self._values = {name: {(): v} for name, v in values.items()
-                        if not (isinstance(v, list) and not v)}
+        self._types = {
+            name: "histogram" if isinstance(v, list) else "gauge" for name, v in values.items()
+        }
+        self._values = {
+            name: {(): v} for name, v in values.items() if not (isinstance(v, list) and not v)
+        }
 
     def metric_sections(self):
         return self._types, self._values
@@ -191,13 +194,22 @@ class FakeManagerWithoutTouch:
 
     manager_cls = OffloadingManager
 
-    def __init__(self, num_blocks: int, cache_policy: str = "lru",
-                 enable_events: bool = False, store_threshold: int = 1,
-                 max_tracker_size: int = 64_000):
-        self._m = self.manager_cls(num_blocks, cache_policy=cache_policy,
-                                   enable_events=enable_events,
-                                   store_threshold=store_threshold,
-                                   max_tracker_size=max_tracker_size, recency="request")
+    def __init__(
+        self,
+        num_blocks: int,
+        cache_policy: str = "lru",
+        enable_events: bool = False,
+        store_threshold: int = 1,
+        max_tracker_size: int = 64_000,
+    ):
+        self._m = self.manager_cls(
+            num_blocks,
+            cache_policy=cache_policy,
+            enable_events=enable_events,
+            store_threshold=store_threshold,
+            max_tracker_size=max_tracker_size,
+            recency="request",
+        )
         self._num_chunks = num_blocks
         self._policy = _PolicyView(self._m)
         self._stored_by: dict[bytes, ReqContext] = {}
@@ -237,8 +249,7 @@ class FakeManagerWithoutTouch:
         return self._m.has_pending_work()
 
     def prepare_load(self, keys, req_context: ReqContext) -> CPULoadStoreSpec:
-        return CPULoadStoreSpec(self._m.prepare_load([_ours(k) for k in keys],
-                                                     _ctx(req_context)))
+        return CPULoadStoreSpec(self._m.prepare_load([_ours(k) for k in keys], _ctx(req_context)))
 
     def complete_load(self, keys, req_context: ReqContext) -> None:
         self._m.complete_load([_ours(k) for k in keys], _ctx(req_context))
@@ -247,9 +258,11 @@ class FakeManagerWithoutTouch:
         out = self._m.prepare_store([_ours(k) for k in keys], _ctx(req_context))
         if out is None:
             return None
-        return PrepareStoreOutput([_theirs(k) for k in out.keys_to_store],
-                                  CPULoadStoreSpec(out.store_spec),
-                                  [_theirs(k) for k in out.evicted_keys])
+        return PrepareStoreOutput(
+            [_theirs(k) for k in out.keys_to_store],
+            CPULoadStoreSpec(out.store_spec),
+            [_theirs(k) for k in out.evicted_keys],
+        )
 
     def complete_store(self, keys, req_context: ReqContext, success: bool = True) -> None:
         ours = [_ours(k) for k in keys]
@@ -264,9 +277,13 @@ class FakeManagerWithoutTouch:
     def take_events(self):
         for event in self._m.take_events():  # runs only once the generator is iterated
             by = None if event.removed else self._stored_by.get(event.keys[0])
-            yield OffloadingEvent([_theirs(k) for k in event.keys], event.removed,
-                                  event.metadata_only, removal_expected=not event.removed,
-                                  req_context=by)
+            yield OffloadingEvent(
+                [_theirs(k) for k in event.keys],
+                event.removed,
+                event.metadata_only,
+                removal_expected=not event.removed,
+                req_context=by,
+            )
 
     def get_stats(self) -> Stats:
         return Stats(self._m.get_stats().as_dict())

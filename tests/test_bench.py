@@ -2,6 +2,7 @@
 
 Only that the tables are there is checked: timings are measured in bench/, never asserted.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -13,13 +14,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_prints_every_table_and_writes_the_results_file(tmp_path):
     out = tmp_path / "results.md"
-    proc = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout
-    for number, title in enumerate(("Bug finding", "Machine throughput", "Manager speed",
-                                    "Copy bandwidth", "Scaling", "Mutation score"),
-                                   start=1):
+    for number, title in enumerate(
+        (
+            "Bug finding",
+            "Machine throughput",
+            "Manager speed",
+            "Copy bandwidth",
+            "Scaling",
+            "Mutation score",
+        ),
+        start=1,
+    ):
         assert f"## {number}. {title}" in text
     section = {n: part for n, part in enumerate(text.split("\n## ")[1:7], start=1)}
     for n in (1, 2, 3, 6):  # markdown tables of our own

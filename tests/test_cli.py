@@ -5,6 +5,7 @@ Runs are kept small (``--max-examples``/``--steps``) and use the ``ci`` profile,
 derandomized and keeps no example database, so each test is deterministic and writes nothing
 outside its ``tmp_path``; the tests run in parallel under pytest-xdist.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,18 +57,36 @@ def failing(tmp_path_factory):
     files."""
     import contextlib
     import io
+
     out = tmp_path_factory.mktemp("failing")
-    files = {"repro": out / "repro_every_offer.py", "history": out / "history.jsonl",
-             "junit": out / "kvgate.xml"}
+    files = {
+        "repro": out / "repro_every_offer.py",
+        "history": out / "history.jsonl",
+        "junit": out / "kvgate.xml",
+    }
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
-        code = main(["check", *QUICK, "--target", "impl", "--target", FAILING,
-                     "--repro", str(files["repro"]), "--history", str(files["history"]),
-                     "--junit-xml", str(files["junit"])])
+        code = main(
+            [
+                "check",
+                *QUICK,
+                "--target",
+                "impl",
+                "--target",
+                FAILING,
+                "--repro",
+                str(files["repro"]),
+                "--history",
+                str(files["history"]),
+                "--junit-xml",
+                str(files["junit"]),
+            ]
+        )
     return {"code": code, "out": stdout.getvalue(), "dir": out, **files}
 
 
 # --------------------------------------------------------------------------- exit 0
+
 
 def test_default_target_passes_and_prints_the_summary(capsys, tmp_path):
     """No --machine: every machine that applies to impl runs, and the header and the summary
@@ -76,8 +95,9 @@ def test_default_target_passes_and_prints_the_summary(capsys, tmp_path):
     code, out, err = check(capsys, "--repro", str(repro), "--history", str(history))
     assert code == 0, out + err
     assert not repro.exists() and "repro: nothing to write" in out
-    headers = [json.loads(line) for line in history.read_text().splitlines()
-               if "target_spec" in line]
+    headers = [
+        json.loads(line) for line in history.read_text().splitlines() if "target_spec" in line
+    ]
     assert [h["machine"] for h in headers] == ["manager", "scheduler"]
     assert all(h["passed"] is True and h["error"] is None for h in headers)
     lines = out.splitlines()
@@ -98,8 +118,9 @@ def test_machine_manager_is_the_quick_path_and_says_what_it_left_out(capsys):
     assert code == 0, out
     lines = out.splitlines()
     assert "; machines: manager; targets: impl" in lines[0]
-    left = ("left out: scheduler (--machine manager; without --machine every machine that "
-            "applies runs)")
+    left = (
+        "left out: scheduler (--machine manager; without --machine every machine that applies runs)"
+    )
     assert lines[1] == left and lines.count(left) == 2  # the header and the summary
     assert "summary: 1 run; machines: manager;" in out
     assert "scheduler x impl" not in out
@@ -140,15 +161,21 @@ def test_machine_all_runs_every_machine_that_applies_on_every_target(capsys):
     fake_spec = "vllm=tests.fake_vllm:FakeManager"
     code, out, _ = check(capsys, "--machine", "all", "--target", "impl", "--target", fake_spec)
     assert code == 0, out
-    for run in ("manager x impl", "scheduler x impl", f"manager x {fake_spec}",
-                f"scheduler x {fake_spec}"):
+    for run in (
+        "manager x impl",
+        "scheduler x impl",
+        f"manager x {fake_spec}",
+        f"scheduler x {fake_spec}",
+    ):
         assert f"PASS  {run}" in out
     assert "summary: 4 runs; machines: manager, scheduler;" in out
     assert "coverage (scheduler):" in out
     # vLLM's scheduler would take the vLLM-interface target, but vLLM is not here.
-    assert (f"left out: vllm-scheduler for {fake_spec} (unavailable here: vLLM is not "
-            "importable (ModuleNotFoundError: No module named 'vllm'); --machine "
-            "vllm-scheduler says how to install it)") in out
+    assert (
+        f"left out: vllm-scheduler for {fake_spec} (unavailable here: vLLM is not "
+        "importable (ModuleNotFoundError: No module named 'vllm'); --machine "
+        "vllm-scheduler says how to install it)"
+    ) in out
     assert f"left out: vllm-scheduler for impl ({VLLM_ONLY})" in out
 
 
@@ -162,8 +189,9 @@ def test_header_states_the_run_and_the_summary_counts_what_it_lists(capsys):
     code, out, _ = check(capsys, "--machine", "all")
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[0].startswith("kvgate check: profile ci: each run generates 30 examples of "
-                               "up to 20 steps")
+    assert lines[0].startswith(
+        "kvgate check: profile ci: each run generates 30 examples of up to 20 steps"
+    )
     assert "no example database (the profile's)" in lines[0]
     for run in (line for line in lines if line.startswith("PASS")):
         assert "(30 new" in run  # what the header said each run would generate
@@ -182,6 +210,7 @@ def test_progress_display_can_be_forced(capsys):
 
 
 # --------------------------------------------------------------------------- exit 1
+
 
 def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing):
     code, out = failing["code"], failing["out"]
@@ -202,17 +231,23 @@ def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing)
 
 
 def test_module_attr_bad_manager_fails(capsys):
-    code, out, _ = check(capsys, *MANAGER_ONLY,
-                         "--target", "kvgate.properties.mutants:EveryOfferCounts")
+    code, out, _ = check(
+        capsys, *MANAGER_ONLY, "--target", "kvgate.properties.mutants:EveryOfferCounts"
+    )
     assert code == 1, out
 
 
 def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     repro = tmp_path / "repro_vllm.py"
-    code, out, _ = check(capsys, *MANAGER_ONLY,
-                         "--target", "vllm=tests.fake_vllm:FakeEveryOfferCounts",
-                         "--repro", str(repro))
+    code, out, _ = check(
+        capsys,
+        *MANAGER_ONLY,
+        "--target",
+        "vllm=tests.fake_vllm:FakeEveryOfferCounts",
+        "--repro",
+        str(repro),
+    )
     assert code == 1, out
     assert "Divergence: divergence at step" in out and "prepare_store(" in out
     replay = _pytest(repro, tmp_path)  # not from the repository: the file finds tests.fake_vllm
@@ -222,21 +257,25 @@ def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path
 
 # --------------------------------------------------------------------------- exit 2
 
-@pytest.mark.parametrize("args, says", [
-    (["check", "--target", "no_such_module_kvgate:Manager"], "cannot import"),
-    (["check", "--target", "kvgate.impl.manager:NoSuchManager"], "has no attribute"),
-    (["check", "--target", "tests.fake_vllm:NotAManager"], "lacks the manager interface"),
-    (["check", "--target", "vllm=tests.fake_vllm:NotAManager"], "lacks vLLM's manager"),
-    (["check", "--target", "mutant:no_such_variant"], "unknown mutant"),
-    (["check", "--target", "kvgate.impl.manager"], "is not MODULE:ATTR"),
-    (["check", "--bogus"], "unrecognized arguments"),
-    (["check", "--profile", "fast"], "invalid choice"),
-    (["check", "--max-examples", "0"], "must be >= 1"),
-    (["check", "--machine", "worker"], "invalid choice"),
-    (["check", "--database", "redis://127.0.0.1:1"], "cannot reach"),
-    (["mutants", "--only", "no_such_variant"], "unknown mutant"),
-    (["frobnicate"], "invalid choice"),
-])
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["check", "--target", "no_such_module_kvgate:Manager"], "cannot import"),
+        (["check", "--target", "kvgate.impl.manager:NoSuchManager"], "has no attribute"),
+        (["check", "--target", "tests.fake_vllm:NotAManager"], "lacks the manager interface"),
+        (["check", "--target", "vllm=tests.fake_vllm:NotAManager"], "lacks vLLM's manager"),
+        (["check", "--target", "mutant:no_such_variant"], "unknown mutant"),
+        (["check", "--target", "kvgate.impl.manager"], "is not MODULE:ATTR"),
+        (["check", "--bogus"], "unrecognized arguments"),
+        (["check", "--profile", "fast"], "invalid choice"),
+        (["check", "--max-examples", "0"], "must be >= 1"),
+        (["check", "--machine", "worker"], "invalid choice"),
+        (["check", "--database", "redis://127.0.0.1:1"], "cannot reach"),
+        (["mutants", "--only", "no_such_variant"], "unknown mutant"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
 def test_usage_and_target_errors_exit_2_with_one_line(capsys, args, says):
     code, out, err = kvgate(capsys, *args)
     assert code == 2
@@ -272,6 +311,7 @@ def test_vllm_target_without_vllm_says_how_to_install(capsys):
 
 # --------------------------------------------------------------------------- the machine registry
 
+
 @pytest.fixture
 def widget(monkeypatch):
     """A machine added to the registry that cannot run here: every command that reads the
@@ -281,42 +321,61 @@ def widget(monkeypatch):
     def build(target):
         raise AssertionError("an unavailable machine was built")
 
-    monkeypatch.setitem(runs.MACHINES, "widget", runs.Machine(
-        "widget", "a machine that needs a widget", build, targets="impl targets",
-        not_for=lambda t: None if t.spec.startswith("impl") else "it needs impl",
-        unavailable=lambda: "no widget here", install=lambda: "plug a widget in"))
+    monkeypatch.setitem(
+        runs.MACHINES,
+        "widget",
+        runs.Machine(
+            "widget",
+            "a machine that needs a widget",
+            build,
+            targets="impl targets",
+            not_for=lambda t: None if t.spec.startswith("impl") else "it needs impl",
+            unavailable=lambda: "no widget here",
+            install=lambda: "plug a widget in",
+        ),
+    )
     return "widget"
 
 
 def test_one_registry_names_a_machine_everywhere(capsys, widget):
     code, out, _ = check(capsys, "--max-examples", "5")
     assert code == 0, out
-    left = ("left out: widget (unavailable here: no widget here; --machine widget says how to "
-            "install it)")
+    left = (
+        "left out: widget (unavailable here: no widget here; --machine widget says how to "
+        "install it)"
+    )
     assert out.splitlines()[2] == left and out.count(left) == 2  # header and summary
     assert "summary: 2 runs; machines: manager, scheduler;" in out
     code, out, _ = check(capsys, "--max-examples", "5", *MANAGER_ONLY)
     assert code == 0 and "left out: widget (--machine manager;" in out
     code, out, _ = kvgate(capsys, "list")
     assert code == 0
-    assert ("  widget          a machine that needs a widget; for impl targets; unavailable "
-            "here: no widget here") in out.splitlines()
+    assert (
+        "  widget          a machine that needs a widget; for impl targets; unavailable "
+        "here: no widget here"
+    ) in out.splitlines()
     code, out, err = check(capsys, "--machine", widget)
     assert code == 2 and out == ""
-    assert err.strip() == ("kvgate: --machine widget: cannot run here: no widget here; plug a "
-                           "widget in")
+    assert err.strip() == (
+        "kvgate: --machine widget: cannot run here: no widget here; plug a widget in"
+    )
 
 
 def test_a_machine_named_for_a_target_it_does_not_apply_to_exits_2(capsys, monkeypatch):
     from dataclasses import replace
 
     from kvgate.cli import runs
-    monkeypatch.setitem(runs.MACHINES, "vllm-scheduler",
-                        replace(runs.MACHINES["vllm-scheduler"], unavailable=lambda: None))
+
+    monkeypatch.setitem(
+        runs.MACHINES,
+        "vllm-scheduler",
+        replace(runs.MACHINES["vllm-scheduler"], unavailable=lambda: None),
+    )
     code, out, err = check(capsys, "--machine", "vllm-scheduler", "--target", "impl:lru")
     assert code == 2 and out == ""
-    assert err.strip() == ("kvgate: --machine vllm-scheduler does not apply to target "
-                           f"impl:lru: {VLLM_ONLY}")
+    assert err.strip() == (
+        f"kvgate: --machine vllm-scheduler does not apply to target impl:lru: {VLLM_ONLY}"
+    )
 
 
 @pytest.mark.skipif(_vllm_importable(), reason="vLLM is installed here")
@@ -325,8 +384,9 @@ def test_vllm_scheduler_without_vllm_says_how_to_install_a_release(capsys):
     assert code == 2
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith("kvgate: --machine vllm-scheduler: cannot run here: vLLM is not "
-                          "importable")
+    assert err.startswith(
+        "kvgate: --machine vllm-scheduler: cannot run here: vLLM is not importable"
+    )
     assert "pip install --no-deps vllm==<version>" in err and "CPU build of torch" in err
 
 
@@ -334,27 +394,46 @@ def test_vllm_scheduler_module_not_built_is_said_so(monkeypatch):
     """Where vLLM imports but the machine's module does not exist, the reason says that (and
     nothing about installing vLLM); a module that exists answers for itself."""
     from kvgate.cli import runs
+
     monkeypatch.setattr(runs, "_vllm_missing", lambda: None)
     monkeypatch.setattr(runs, "VLLM_SCHEDULER_MODULE", "kvgate.properties.no_such_machine")
     machine = runs.MACHINES["vllm-scheduler"]
-    assert machine.unavailable() == ("not built in this kvgate yet: "
-                                     "kvgate.properties.no_such_machine does not exist")
+    assert machine.unavailable() == (
+        "not built in this kvgate yet: kvgate.properties.no_such_machine does not exist"
+    )
     assert machine.install() == ""
     monkeypatch.setattr(runs, "VLLM_SCHEDULER_MODULE", "tests.fake_vllm_scheduler")
-    monkeypatch.setitem(sys.modules, "tests.fake_vllm_scheduler",
-                        type(sys)("tests.fake_vllm_scheduler"))
+    monkeypatch.setitem(
+        sys.modules, "tests.fake_vllm_scheduler", type(sys)("tests.fake_vllm_scheduler")
+    )
     sys.modules["tests.fake_vllm_scheduler"].unavailable_reason = lambda: "sync only"
     assert machine.unavailable() == "sync only"
 
 
 # --------------------------------------------------------------------------- failure outputs
 
+
 def _pytest(path: Path, cwd: Path, **env) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     environ.update(env)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:randomly", str(path)], cwd=cwd, env=environ,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:randomly",
+            str(path),
+        ],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_repro_file_replays_the_failure_under_plain_pytest(failing, tmp_path):
@@ -379,6 +458,7 @@ def test_repro_replays_from_the_blob_when_steps_cannot_be_printed(tmp_path):
     replays the failure's choices from the ``@reproduce_failure`` blob instead."""
     from kvgate.cli import run_one
     from kvgate.repro import Failure, render
+
     run = run_one("manager", resolve_target(FAILING), "ci", None, 30, 20, None)
     r = run.result
     notes = [n for note in r.error.__notes__ for n in note.splitlines()]
@@ -399,13 +479,17 @@ def _history_runs(path: Path) -> list[tuple[dict, list[dict]]]:
     """Each run's header line and the lines after it."""
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     starts = [i for i, line in enumerate(lines) if "target_spec" in line] + [len(lines)]
-    return [(lines[a], lines[a + 1:b]) for a, b in zip(starts, starts[1:])]
+    return [(lines[a], lines[a + 1 : b]) for a, b in zip(starts, starts[1:])]
 
 
 def test_history_is_json_lines_ending_at_the_divergence(failing):
     runs = _history_runs(failing["history"])
     assert [(h["machine"], h["target_spec"]) for h, _ in runs] == [
-        ("manager", "impl"), ("scheduler", "impl"), ("manager", FAILING), ("scheduler", FAILING)]
+        ("manager", "impl"),
+        ("scheduler", "impl"),
+        ("manager", FAILING),
+        ("scheduler", FAILING),
+    ]
     assert all(h["passed"] is True and h["error"] is None for h, _ in runs[:2])
     header, steps = runs[2]
     assert header["machine"] == "manager" and header["target_spec"] == FAILING
@@ -422,8 +506,11 @@ def test_junit_xml_has_one_testcase_per_run_and_the_failure(failing):
     suite = root.find("testsuite")
     cases = suite.findall("testcase")
     assert [(c.get("classname"), c.get("name")) for c in cases] == [
-        ("kvgate.manager", "impl"), ("kvgate.scheduler", "impl"),
-        ("kvgate.manager", FAILING), ("kvgate.scheduler", FAILING)]
+        ("kvgate.manager", "impl"),
+        ("kvgate.scheduler", "impl"),
+        ("kvgate.manager", FAILING),
+        ("kvgate.scheduler", FAILING),
+    ]
     assert suite.get("tests") == "4" and suite.get("failures") == "2"
     assert cases[0].find("failure") is None and cases[1].find("failure") is None
     assert cases[3].find("failure") is not None
@@ -435,15 +522,19 @@ def test_junit_xml_has_one_testcase_per_run_and_the_failure(failing):
 
 # --------------------------------------------------------------------------- example database
 
+
 def test_directory_database_shares_a_failure_with_the_next_run(capsys, tmp_path):
     db = tmp_path / "examples"
     first = check(capsys, *MANAGER_ONLY, "--target", FAILING, "--database", str(db))
     assert first[0] == 1 and any(db.rglob("*"))
     second = check(capsys, *MANAGER_ONLY, "--target", FAILING, "--database", str(db))
     assert second[0] == 1
-    examples = [int(line.split("(")[1].split(" examples")[0])
-                for code, out, _ in (first, second) for line in out.splitlines()
-                if line.startswith("FAIL")]
+    examples = [
+        int(line.split("(")[1].split(" examples")[0])
+        for code, out, _ in (first, second)
+        for line in out.splitlines()
+        if line.startswith("FAIL")
+    ]
     assert examples[1] < examples[0]  # the stored failure is replayed first
     assert "from the example database" in second[1]
     assert "--no-database searches afresh" in second[1]
@@ -463,16 +554,21 @@ def test_redis_database_shares_a_failure(capsys, monkeypatch):
     redis = pytest.importorskip("redis")
     fakeredis = pytest.importorskip("fakeredis")
     server = fakeredis.FakeServer()
-    monkeypatch.setattr(redis.Redis, "from_url",
-                        classmethod(lambda cls, url, **kw: fakeredis.FakeRedis(server=server)))
-    code, out, _ = check(capsys, *MANAGER_ONLY, "--target", FAILING,
-                         "--database", "redis://ci-cache:6379/0")
+    monkeypatch.setattr(
+        redis.Redis,
+        "from_url",
+        classmethod(lambda cls, url, **kw: fakeredis.FakeRedis(server=server)),
+    )
+    code, out, _ = check(
+        capsys, *MANAGER_ONLY, "--target", FAILING, "--database", "redis://ci-cache:6379/0"
+    )
     assert code == 1
     assert "database redis://ci-cache:6379/0" in out.splitlines()[0]
     assert fakeredis.FakeRedis(server=server).keys("hypothesis-example:*")  # shared from here
 
 
 # --------------------------------------------------------------------------- mutants, list, replay
+
 
 def test_mutants_prints_a_table_and_exits_0_when_all_are_caught(capsys):
     code, out, _ = kvgate(capsys, "mutants", *QUICK, "--only", "every_offer_counts")
@@ -487,9 +583,20 @@ def test_mutants_prints_a_table_and_exits_0_when_all_are_caught(capsys):
 
 def test_mutants_exit_1_when_a_variant_escapes(capsys, tmp_path):
     report = tmp_path / "mutants.xml"
-    code, out, _ = kvgate(capsys, "mutants", "--profile", "ci", "--max-examples", "1",
-                          "--steps", "1", "--only", "arc_ghosts_untrimmed",
-                          "--junit-xml", str(report))
+    code, out, _ = kvgate(
+        capsys,
+        "mutants",
+        "--profile",
+        "ci",
+        "--max-examples",
+        "1",
+        "--steps",
+        "1",
+        "--only",
+        "arc_ghosts_untrimmed",
+        "--junit-xml",
+        str(report),
+    )
     assert code == 1, out
     assert "escaped: manager x arc_ghosts_untrimmed" in out
     assert ET.parse(report).getroot().find("testsuite/testcase/failure") is not None
@@ -498,14 +605,28 @@ def test_mutants_exit_1_when_a_variant_escapes(capsys, tmp_path):
 def test_list_names_targets_mutants_and_machines(capsys):
     code, out, _ = kvgate(capsys, "list")
     assert code == 0
-    for word in ("impl", "impl:arc", "mutant:NAME", "MODULE:ATTR", "foreign=MODULE:ATTR",
-                 "vllm=MODULE:ATTR", "every_offer_counts", "vllm:"):
+    for word in (
+        "impl",
+        "impl:arc",
+        "mutant:NAME",
+        "MODULE:ATTR",
+        "foreign=MODULE:ATTR",
+        "vllm=MODULE:ATTR",
+        "every_offer_counts",
+        "vllm:",
+    ):
         assert word in out
     lines = out.splitlines()
-    at = lines.index("machines (--machine; without it `kvgate check` runs every machine below "
-                     "that applies to the target and can run here):")
-    assert [line.split()[0] for line in lines[at + 1:at + 5]] == [
-        "manager", "scheduler", "vllm-scheduler", "all"]
+    at = lines.index(
+        "machines (--machine; without it `kvgate check` runs every machine below "
+        "that applies to the target and can run here):"
+    )
+    assert [line.split()[0] for line in lines[at + 1 : at + 5]] == [
+        "manager",
+        "scheduler",
+        "vllm-scheduler",
+        "all",
+    ]
     assert "for vllm and vllm=MODULE:ATTR targets" in lines[at + 3]
 
 
@@ -516,9 +637,14 @@ def test_replay_is_a_subcommand(capsys):
 
 
 def test_console_script_entry_point(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "kvgate", "check", *QUICK,
-                          "--max-examples", "5"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "CI": "true"})
+    run = subprocess.run(
+        [sys.executable, "-m", "kvgate", "check", *QUICK, "--max-examples", "5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CI": "true"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "result: every property holds (exit 0)" in run.stdout
 
@@ -534,6 +660,7 @@ def _adapter(**kw) -> VllmAdapter:
 
 def test_adapter_speaks_our_keys_and_plain_values():
     from kvgate.impl.base import make_key
+
     a, b = make_key(b"a"), make_key(b"b", 1)
     adapter = _adapter(store_threshold=2, max_tracker_size=8)
     ctx = adapter.new_context("r0")
@@ -558,6 +685,7 @@ def test_adapter_speaks_our_keys_and_plain_values():
 
 def test_adapter_drains_events_only_by_iterating_the_generator():
     from kvgate.impl.base import make_key
+
     adapter = _adapter()
     ctx = adapter.new_context("r0")
     adapter.prepare_store([make_key(b"a")], ctx)
@@ -573,8 +701,11 @@ def test_adapter_tolerates_events_without_metadata_only_and_summarised_histogram
 
     class Stats:
         def reduce(self):
-            return {"vllm:kv_offload_cpu_allocation_size": 3.5,  # a reduced summary
-                    "vllm:kv_offload_cpu_cache_usage_perc": 0.25, "other": 1}
+            return {
+                "vllm:kv_offload_cpu_allocation_size": 3.5,  # a reduced summary
+                "vllm:kv_offload_cpu_cache_usage_perc": 0.25,
+                "other": 1,
+            }
 
     class Manager(fake.FakeManager):
         def take_events(self):
@@ -584,6 +715,7 @@ def test_adapter_tolerates_events_without_metadata_only_and_summarised_histogram
             return Stats()
 
     from kvgate.impl.base import make_key
+
     adapter = VllmAdapter(Manager(2), types=TYPES)
     adapter.lookup(make_key(b"a"), adapter.new_context("r0"))  # the adapter has seen key a
     assert adapter.take_events() == [((make_key(b"a"),), True, False, None, None)]
@@ -609,5 +741,8 @@ def test_scheduler_history_lists_the_offers_of_the_counterexample(failing):
     assert header["passed"] is False
     assert calls and "prepare_store" in {c["call"] for c in calls}
     assert [c["call_no"] for c in calls] == sorted({c["call_no"] for c in calls})
-    assert all(c["step"] >= 1 and c["args"].startswith("(['k") for c in calls
-               if c["call"] == "prepare_store")
+    assert all(
+        c["step"] >= 1 and c["args"].startswith("(['k")
+        for c in calls
+        if c["call"] == "prepare_store"
+    )

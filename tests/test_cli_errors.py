@@ -6,6 +6,7 @@ and exit 2 too, with the old file intact and no temporary file left.
 Output paths are proved writable by making a file beside them, so the answers are the same for
 root (which passes every permission test) and for anyone else; the read-only folder case runs
 in this process and, where this process is root, once more in a child with a dropped uid."""
+
 from __future__ import annotations
 
 import errno
@@ -45,8 +46,10 @@ def _errors(tmp_path: Path) -> list[tuple[list[str], str]]:
         (["check", *QUICK, "--history", f"{missing}/h.jsonl"], "--history"),
         # A special filesystem: the folder exists and root passes os.access there, but no file
         # can be made in it (the check makes one and says what the filesystem answered).
-        (["check", *QUICK, "--history", "/proc/kvgate.jsonl"], "--history /proc/kvgate.jsonl: "
-         "cannot write in '/proc'"),
+        (
+            ["check", *QUICK, "--history", "/proc/kvgate.jsonl"],
+            "--history /proc/kvgate.jsonl: cannot write in '/proc'",
+        ),
         (["check", *QUICK, "--junit-xml", "/proc/kvgate.xml"], "cannot write in '/proc'"),
         (["check", *QUICK, "--repro", "/sys/kvgate_repro.py"], "cannot write in '/sys'"),
         (["check", *QUICK, "--junit-xml", str(read_only)], "read-only"),
@@ -93,8 +96,9 @@ def test_every_user_error_is_exit_2_and_one_line_before_anything_runs(capsys, tm
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-@pytest.mark.parametrize("command", [["list"], ["check", "--max-examples", "5"],
-                                     ["mutants", "--max-examples", "5"]])
+@pytest.mark.parametrize(
+    "command", [["list"], ["check", "--max-examples", "5"], ["mutants", "--max-examples", "5"]]
+)
 def test_a_bad_hypothesis_profile_variable_is_one_line(capsys, monkeypatch, command):
     monkeypatch.setenv("HYPOTHESIS_PROFILE", "nope")
     _assert_one_line(*_run(capsys, command), "HYPOTHESIS_PROFILE='nope'")
@@ -108,16 +112,21 @@ def test_the_profile_flag_wins_over_the_variable(capsys, monkeypatch):
 
 def test_cuda_on_a_cpu_torch_is_one_line(capsys):
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("this torch has CUDA")
-    _assert_one_line(*_run(capsys, ["replay", TRACE, "--worker", "copy", "--device", "cuda"]),
-                     "no usable CUDA device")
+    _assert_one_line(
+        *_run(capsys, ["replay", TRACE, "--worker", "copy", "--device", "cuda"]),
+        "no usable CUDA device",
+    )
 
 
 def test_plot_without_matplotlib_names_the_extra(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
-    _assert_one_line(*_run(capsys, ["replay", TRACE, "--plot", str(tmp_path / "p.png")]),
-                     "pip install 'kvgate[plot]'")
+    _assert_one_line(
+        *_run(capsys, ["replay", TRACE, "--plot", str(tmp_path / "p.png")]),
+        "pip install 'kvgate[plot]'",
+    )
 
 
 def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -138,8 +147,20 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path):
 
 def test_replay_writes_its_outputs_whole(capsys, tmp_path):
     out, js = tmp_path / "r.txt", tmp_path / "r.json"
-    code = main(["replay", TRACE, "--limit", "20", "--num-chunks", "64", "--out", str(out),
-                 "--json", str(js)])
+    code = main(
+        [
+            "replay",
+            TRACE,
+            "--limit",
+            "20",
+            "--num-chunks",
+            "64",
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0
     assert out.read_text() == printed
@@ -147,6 +168,7 @@ def test_replay_writes_its_outputs_whole(capsys, tmp_path):
 
 
 # --------------------------------------------------------------------------- a read-only folder
+
 
 def _read_only_folder(parent: Path) -> Path:
     folder = parent / "ro"
@@ -176,6 +198,7 @@ def _as_user(uid: int, commands: list[list[str]]) -> list[tuple[int, str, str]]:
     start, and the modules the commands need are loaded already)."""
     import contextlib
     import io
+
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns into pytest
@@ -204,18 +227,22 @@ def _as_user(uid: int, commands: list[list[str]]) -> list[tuple[int, str, str]]:
     return [tuple(entry) for entry in answer]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not hasattr(os, "fork"),
-                    reason="dropping to another uid needs root (as a user, the test above "
-                           "already is the not-root case)")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not hasattr(os, "fork"),
+    reason="dropping to another uid needs root (as a user, the test above "
+    "already is the not-root case)",
+)
 def test_a_read_only_folder_as_a_user_dropped_from_root():
     nobody = 65534
     base = Path(tempfile.mkdtemp(prefix="kvgate-ro-"))  # in /tmp: a path the user can reach
     try:
         base.chmod(0o755)
         folder = _read_only_folder(base)
-        commands = [["replay", TRACE, "--out", f"{folder}/o.txt"],
-                    ["check", *QUICK, "--history", f"{folder}/h.jsonl"],
-                    ["check", *QUICK, "--database", f"{folder}/db"]]
+        commands = [
+            ["replay", TRACE, "--out", f"{folder}/o.txt"],
+            ["check", *QUICK, "--history", f"{folder}/h.jsonl"],
+            ["check", *QUICK, "--database", f"{folder}/db"],
+        ]
         for (code, err, out), args in zip(_as_user(nobody, commands), commands):
             _assert_one_line(code, out, err, "Permission denied")
             assert f"{args[-2]} {args[-1]}" in err, err
@@ -226,6 +253,7 @@ def test_a_read_only_folder_as_a_user_dropped_from_root():
 
 # --------------------------------------------------------------------------- a write that fails
 
+
 class _DiskFull:
     """A file that takes ``room`` characters (or bytes), then fails as a full disk does."""
 
@@ -234,7 +262,7 @@ class _DiskFull:
 
     def write(self, data):
         if len(data) > self._room:
-            self._inner.write(data[:self._room])
+            self._inner.write(data[: self._room])
             self._inner.flush()
             self._room = 0
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -262,24 +290,31 @@ class _OsWithAFullDisk:
         return _DiskFull(os.fdopen(fd, mode), room=5)
 
 
-@pytest.mark.parametrize("flag, command", [
-    ("--history", ["check", *QUICK]),
-    ("--junit-xml", ["check", *QUICK]),
-    ("--junit-xml", ["mutants", *QUICK, "--only", "every_offer_counts"]),
-    ("--out", ["replay", TRACE, "--limit", "5"]),
-    ("--json", ["replay", TRACE, "--limit", "5"]),
-    ("--plot", ["replay", TRACE, "--limit", "5"]),
-])
+@pytest.mark.parametrize(
+    "flag, command",
+    [
+        ("--history", ["check", *QUICK]),
+        ("--junit-xml", ["check", *QUICK]),
+        ("--junit-xml", ["mutants", *QUICK, "--only", "every_offer_counts"]),
+        ("--out", ["replay", TRACE, "--limit", "5"]),
+        ("--json", ["replay", TRACE, "--limit", "5"]),
+        ("--plot", ["replay", TRACE, "--limit", "5"]),
+    ],
+)
 def test_a_write_that_fails_half_way_is_one_line_and_leaves_the_old_file(
-        capsys, monkeypatch, tmp_path, flag, command):
+    capsys, monkeypatch, tmp_path, flag, command
+):
     path = tmp_path / "report"
     path.write_text("old\n")
     monkeypatch.setattr(kvgate.outputs, "os", _OsWithAFullDisk())
     code, _, err = _run(capsys, [*command, flag, str(path)])
     lines = err.strip().splitlines()
     assert code == 2, err
-    assert len(lines) == 1 and f"{flag} {path}: writing failed (No space left on device)" in \
-        lines[0] and "the old file is left as it was" in lines[0], err
+    assert (
+        len(lines) == 1
+        and f"{flag} {path}: writing failed (No space left on device)" in lines[0]
+        and "the old file is left as it was" in lines[0]
+    ), err
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["report"]
 

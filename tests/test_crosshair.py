@@ -5,6 +5,7 @@ default backend and on CrossHair's (the ``crosshair`` profile).
 
 Every CrossHair bound is CPU time, so a loaded machine takes longer but searches as far.
 """
+
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ SMALL = "kvgate.properties.symbolic."
 
 # ---- CrossHair's commands
 
+
 def test_check_finds_no_counterexample_to_the_step_contract():
     out = symbolic.run(symbolic.check_command("kvgate.model.admission", timeout=2))
     assert out.returncode == 0 and "error" not in out.output, out.output
@@ -39,8 +41,9 @@ def test_diffbehavior_finds_no_difference_between_impl_and_model():
 
 
 def test_diffbehavior_finds_the_every_offer_counts_step():
-    out = symbolic.run(symbolic.diff_command(
-        SMALL + "model_small", SMALL + "every_offer_counts_small", 20))
+    out = symbolic.run(
+        symbolic.diff_command(SMALL + "model_small", SMALL + "every_offer_counts_small", 20)
+    )
     assert out.returncode == 1, out.output
     found = symbolic.given_lines(out.output)
     assert found, out.output
@@ -55,8 +58,15 @@ def test_diffbehavior_finds_the_every_offer_counts_step():
 
 key, small = st.sampled_from(Key), st.sampled_from(Small)
 keyset = st.frozensets(key)
-small_inputs = st.tuples(st.lists(st.tuples(key, small), max_size=3).map(tuple), keyset, keyset,
-                         st.lists(key, max_size=4).map(tuple), keyset, small, small)
+small_inputs = st.tuples(
+    st.lists(st.tuples(key, small), max_size=3).map(tuple),
+    keyset,
+    keyset,
+    st.lists(key, max_size=4).map(tuple),
+    keyset,
+    small,
+    small,
+)
 request_offers = st.lists(st.tuples(st.integers(0, 2), st.lists(key, max_size=2)), max_size=4)
 INDEX = {k: i for i, k in enumerate(laws.KEYS)}
 
@@ -64,8 +74,13 @@ INDEX = {k: i for i, k in enumerate(laws.KEYS)}
 def law_args(args):
     """``model.laws``' encoding of a small input: (pairs, mask, offer, t, size)."""
     tracker, counted, _, offer, _, t, size = small_state(*args)
-    return (tuple((INDEX[k], n) for k, n in tracker), sum(1 << INDEX[k] for k in counted),
-            tuple(INDEX[k] for k in offer[:3]), t, size)
+    return (
+        tuple((INDEX[k], n) for k, n in tracker),
+        sum(1 << INDEX[k] for k in counted),
+        tuple(INDEX[k] for k in offer[:3]),
+        t,
+        size,
+    )
 
 
 def impl_matches_model(args):
@@ -96,6 +111,7 @@ CATCH = settings(settings.get_profile("ci"), derandomize=True, database=None)
 
 def every_offer_counts_differs(parent=CATCH, max_examples=500):
     """A test that fails where Hypothesis tells the every-offer-counts step from the model."""
+
     @settings(parent, database=None, max_examples=max_examples)
     @given(small_inputs)
     def same(args):
@@ -114,6 +130,7 @@ test_requests_law_holds = NO_DATABASE(given(*requests)(requests_law_holds))
 
 def contract_refuses(bad_step, parent=CATCH, max_examples=500):
     """A test that fails where the model's step contract refuses ``bad_step``'s answer."""
+
     @settings(parent, database=None, max_examples=max_examples)
     @given(small_inputs)
     def holds(args):
@@ -135,8 +152,12 @@ def test_hypothesis_finds_the_every_offer_counts_step():
 # ---- and on CrossHair's backend (the ``crosshair`` profile), a few paths each
 
 # derandomize: where Hypothesis's own generator fills in for the solver, it draws the same.
-CROSSHAIR = settings(settings.get_profile("crosshair"), suppress_health_check=list(HealthCheck),
-                     derandomize=True, database=None)
+CROSSHAIR = settings(
+    settings.get_profile("crosshair"),
+    suppress_health_check=list(HealthCheck),
+    derandomize=True,
+    database=None,
+)
 
 
 def on_crosshair(test, paths):

@@ -1,6 +1,7 @@
 """The private Hypothesis APIs kvgate uses (properties/hypothesis_private.py, the one module that
 touches them) are there, in the shape kvgate uses, and in effect; an upgrade that changes one
 fails here, naming the installed version and the one they were checked with."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def verdict(found: list[str]) -> str:
-    return (f"Hypothesis {hypothesis.__version__} (kvgate's uses of its internals were checked "
-            f"with {private.CHECKED_WITH}): " + "; ".join(found))
+    return (
+        f"Hypothesis {hypothesis.__version__} (kvgate's uses of its internals were checked "
+        f"with {private.CHECKED_WITH}): " + "; ".join(found)
+    )
 
 
 def test_every_private_api_kvgate_uses_is_as_kvgate_uses_it():
@@ -31,7 +34,8 @@ def test_they_were_checked_with_the_pinned_version():
     pinned = re.search(r"^hypothesis==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
     assert pinned and pinned.group(1) == private.CHECKED_WITH, (
         "constraints.txt pins another Hypothesis than the one properties/hypothesis_private.py "
-        "was checked with: check each use there, then update CHECKED_WITH")
+        "was checked with: check each use there, then update CHECKED_WITH"
+    )
 
 
 def test_a_changed_api_is_named_with_the_version(monkeypatch):
@@ -47,6 +51,7 @@ def test_the_rule_choice_and_the_empty_constant_pool_are_in_effect():
     """Not a silent fallback: a machine draws its steps from WeightedRules, and the pool of
     source constants is empty (both would quietly stop on a Hypothesis without them)."""
     from kvgate.properties.scheduler_machine import make_machine
+
     machine = make_machine(resolve_target("impl"))()
     assert isinstance(private.rule_strategy(machine), WeightedRules)
     assert not private.local_constants()

@@ -1,5 +1,6 @@
 """The layout holds: impl/ is only the system under test, the one import namespace is kvgate,
 and no module of the tree imports itself back through another."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,12 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"kvgate": "kvgate", "model": "kvgate.model", "impl": "kvgate.impl",
-           "properties": "kvgate.properties"}
+FOLDERS = {
+    "kvgate": "kvgate",
+    "model": "kvgate.model",
+    "impl": "kvgate.impl",
+    "properties": "kvgate.properties",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -55,11 +60,15 @@ def test_impl_imports_neither_hypothesis_nor_the_harness():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""]
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                )
                 for imported in names:
-                    assert not imported.startswith(("hypothesis", "kvgate.properties",
-                                                    "kvgate.model", "crosshair")), (name, imported)
+                    assert not imported.startswith(
+                        ("hypothesis", "kvgate.properties", "kvgate.model", "crosshair")
+                    ), (name, imported)
 
 
 def test_the_model_never_imports_impl_or_the_harness():
@@ -81,8 +90,10 @@ def test_no_import_loop():
     mods = modules()
     graph = {name: imports(name, path, set(mods)) for name, path in mods.items()}
     # A package's __init__ re-exporting its own modules is not a loop through another module.
-    graph = {n: {d for d in deps if not n.startswith(d + ".") and not d.startswith(n + ".")}
-             for n, deps in graph.items()}
+    graph = {
+        n: {d for d in deps if not n.startswith(d + ".") and not d.startswith(n + ".")}
+        for n, deps in graph.items()
+    }
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -91,7 +102,7 @@ def test_no_import_loop():
         stack.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                cycle = stack[stack.index(dep):] + [dep]
+                cycle = stack[stack.index(dep) :] + [dep]
                 raise AssertionError("import loop: " + " -> ".join(cycle))
             if dep not in state:
                 visit(dep)
@@ -106,9 +117,13 @@ def test_no_import_loop():
 def _tree_python_files() -> list[Path]:
     """Every Python file of the tree (not environments, caches or mutation copies)."""
     left_out = {"mutants", "build", "node_modules"}
-    return [p for p in sorted(ROOT.rglob("*.py"))
-            if not any(part.startswith(".") or part in left_out
-                       for part in p.relative_to(ROOT).parts[:-1])]
+    return [
+        p
+        for p in sorted(ROOT.rglob("*.py"))
+        if not any(
+            part.startswith(".") or part in left_out for part in p.relative_to(ROOT).parts[:-1]
+        )
+    ]
 
 
 NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)$")
@@ -130,10 +145,15 @@ def test_the_guardrails_are_pinned_and_run_before_the_tests():
     """ruff and mypy come from the `lint` extra at the versions constraints.txt pins; .ci/run
     runs .ci/lint before the tests, and the pre-commit hooks run the same three checks."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    pins = dict(line.split("==", 1) for line in (ROOT / "constraints.txt").read_text().split()
-                if "==" in line and not line.startswith("#"))
-    lint = {re.match(r"[A-Za-z0-9_.-]+", req).group(0)
-            for req in project["project"]["optional-dependencies"]["lint"]}
+    pins = dict(
+        line.split("==", 1)
+        for line in (ROOT / "constraints.txt").read_text().split()
+        if "==" in line and not line.startswith("#")
+    )
+    lint = {
+        re.match(r"[A-Za-z0-9_.-]+", req).group(0)
+        for req in project["project"]["optional-dependencies"]["lint"]
+    }
     assert lint == {"ruff", "mypy"} and lint <= set(pins), (lint, pins)
     assert project["tool"]["ruff"]["line-length"] == 100
     ci = (ROOT / ".ci" / "run").read_text()
@@ -175,8 +195,14 @@ def test_a_source_tree_never_installed_serves_exactly_the_three_parts():
     import json
     import subprocess
     import sys
-    done = subprocess.run([sys.executable, "-S", "-c", NEVER_INSTALLED.format(root=str(ROOT))],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", NEVER_INSTALLED.format(root=str(ROOT))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     found = answer["found"]
@@ -197,6 +223,7 @@ def test_no_file_of_the_tree_is_loaded_under_two_names_here():
     own names are refused, and every file of the tree that is loaded has one name."""
     import importlib
     import sys
+
     for name in ("impl", "model", "properties", "impl.scheduler"):
         try:
             importlib.import_module(name)

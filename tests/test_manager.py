@@ -1,6 +1,6 @@
-"""Examples of impl's offloading manager (SPEC sections 2-5 and 8).
+"""Examples of impl's offloading manager (spec §2-§5 and §8).
 
-The seed's two tests, one scenario per admission claim (A1-A8), then LRU, ARC, chunk ids,
+The seed's two tests, one scenario per admission claim (spec A1-A8), then LRU, ARC, chunk ids,
 failed stores, reset, events, gauges and bad input. Each scenario is a function of a manager
 factory that returns what it observed, with no assertion of its own; one table (``CLAIMS``)
 says what impl must observe in each, and for each variant that breaks the claim (the
@@ -9,6 +9,7 @@ something else.
 
 Keys are written by name ("a" is ``make_key(b"a")``) and results are shown by name.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,6 +28,7 @@ IMPL = OffloadingManager
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def K(name: str) -> bytes:
     return make_key(name.encode())
@@ -122,6 +124,7 @@ def warm(m, key: bytes, times: int) -> None:
 
 # --------------------------------------------------------------------------- the seed's tests
 
+
 @pytest.mark.parametrize("T", [2, 3])
 def test_seed_retry_of_a_failed_offer_does_not_count(T):
     m = OffloadingManager(2, store_threshold=T)
@@ -159,10 +162,11 @@ def test_seed_preempted_request_counts_a_key_once(T):
     assert other.keys_to_store == ([C] if T == 2 else [])
 
 
-# --------------------------------------------------------------------------- A1
+# --------------------------------------------------------------------------- spec A1
+
 
 class TrackerBelowTwo(OffloadingManager):
-    """A1 broken: below threshold 2 a tracker still exists and filters at 2 (with a skip
+    """Spec A1 broken: below threshold 2 a tracker still exists and filters at 2 (with a skip
     metric), as if the threshold were clamped up."""
 
     def __init__(self, *args, **kwargs):
@@ -176,14 +180,18 @@ def scenario_a1(make, T: int = 1) -> dict:
     r = ReqContext("r")
     first = offer(m, "ab", r)
     second = offer(m, "abc", r)  # a, b resident: only c
-    return {"offers": [first, second], "no_tracker": m.tracker is None,
-            "skip_metric": m.get_stats().stores_skipped}
+    return {
+        "offers": [first, second],
+        "no_tracker": m.tracker is None,
+        "skip_metric": m.get_stats().stores_skipped,
+    }
 
 
 A1 = {"offers": [["a", "b"], ["c"]], "no_tracker": True, "skip_metric": None}
 
 
-# --------------------------------------------------------------------------- A2
+# --------------------------------------------------------------------------- spec A2
+
 
 def scenario_a2(make) -> dict:
     # A retry after None and the re-offer of a preempted request, through one context.
@@ -204,7 +212,7 @@ def scenario_a2(make) -> dict:
     cold.append(count(m, C))
 
     # A re-offer refreshes a tracked key; a key dropped meanwhile enters again with count 1
-    # (amended A2): the tracker forgot r's earlier count, so that 1 is r's only one.
+    # (spec A2): the tracker forgot r's earlier count, so that 1 is r's only one.
     m = new(make, 4, T=2, tracker=3)
     r = ReqContext("r")
     offer(m, "a", r)
@@ -223,19 +231,28 @@ def scenario_a2(make) -> dict:
     # A key repeated inside one offer is one offer of it.
     m = new(make, 4, T=2)
     offer(m, "zz", ReqContext("r"))
-    return {"offers": offers, "cold_count": cold, "refreshed": refreshed,
-            "after_push": after_push, "dropped_retracked": dropped,
-            "repeat_count": count(m, K("z"))}
+    return {
+        "offers": offers,
+        "cold_count": cold,
+        "refreshed": refreshed,
+        "after_push": after_push,
+        "dropped_retracked": dropped,
+        "repeat_count": count(m, K("z")),
+    }
 
 
-A2 = {"offers": [None, None, ["eligible"], []], "cold_count": [1, 1, 1, 1],
-      "refreshed": [("b", 1), ("a", 1)],
-      "after_push": [("a", 1), ("c", 1), ("d", 1)],
-      "dropped_retracked": [("d", 1), ("e", 1), ("a", 1), 1],
-      "repeat_count": 1}
+A2 = {
+    "offers": [None, None, ["eligible"], []],
+    "cold_count": [1, 1, 1, 1],
+    "refreshed": [("b", 1), ("a", 1)],
+    "after_push": [("a", 1), ("c", 1), ("d", 1)],
+    "dropped_retracked": [("d", 1), ("e", 1), ("a", 1), 1],
+    "repeat_count": 1,
+}
 
 
-# --------------------------------------------------------------------------- A3
+# --------------------------------------------------------------------------- spec A3
+
 
 def scenario_a3(make) -> dict:
     m = new(make, 4, T=2)
@@ -243,14 +260,17 @@ def scenario_a3(make) -> dict:
     second = offer(m, "a", ReqContext("r2"))  # another request counts: a reaches 2
     offer(m, "b", ReqContext("same"))
     third = offer(m, "b", ReqContext("same"))  # a new context with the same req_id
-    return {"offers": [first, second, third],
-            "counts": {"a": count(m, K("a")), "b": count(m, K("b"))}}
+    return {
+        "offers": [first, second, third],
+        "counts": {"a": count(m, K("a")), "b": count(m, K("b"))},
+    }
 
 
 A3 = {"offers": [[], ["a"], ["b"]], "counts": {"a": 2, "b": 2}}
 
 
-# --------------------------------------------------------------------------- A4
+# --------------------------------------------------------------------------- spec A4
+
 
 def scenario_a4(make) -> dict:
     m = new(make, 8, T=2, tracker=2)
@@ -265,17 +285,26 @@ def scenario_a4(make) -> dict:
     offer(m, "a", ReqContext("x"))
     offer(m, "b", ReqContext("y"))
     offer(m, "ca", ReqContext("z"))  # a refreshed first, then c pushes out b (not a)
-    return {"stored": stored, "full_protected": full_protected,
-            "cold_count": count(m, K("c")), "entered_in_order": entered_in_order,
-            "refresh_before_enter": tracker_items(m)}
+    return {
+        "stored": stored,
+        "full_protected": full_protected,
+        "cold_count": count(m, K("c")),
+        "entered_in_order": entered_in_order,
+        "refresh_before_enter": tracker_items(m),
+    }
 
 
-A4 = {"stored": ["a", "b"], "full_protected": [("a", 2), ("b", 2)], "cold_count": 1,
-      "entered_in_order": [("d", 1), ("e", 1)],
-      "refresh_before_enter": [("a", 2), ("c", 1)]}
+A4 = {
+    "stored": ["a", "b"],
+    "full_protected": [("a", 2), ("b", 2)],
+    "cold_count": 1,
+    "entered_in_order": [("d", 1), ("e", 1)],
+    "refresh_before_enter": [("a", 2), ("c", 1)],
+}
 
 
-# --------------------------------------------------------------------------- A5
+# --------------------------------------------------------------------------- spec A5
+
 
 def scenario_a5(make) -> dict:
     m = new(make, 4, T=2, tracker=2)
@@ -297,12 +326,15 @@ def scenario_a5(make) -> dict:
     return {"steps": steps, "pending": pending, "events": events(m)}
 
 
-A5 = {"steps": [([], 2), ([], 0), (["a"], 0), ([], 1), ([], 1), ([], 0), ([], 0)],
-      "pending": "HIT_PENDING", "events": [(["a"], False, False)]}
+A5 = {
+    "steps": [([], 2), ([], 0), (["a"], 0), ([], 1), ([], 1), ([], 0), ([], 0)],
+    "pending": "HIT_PENDING",
+    "events": [(["a"], False, False)],
+}
 
 
 def scenario_a5_first_skip(make) -> dict:
-    # Amended A5: "once" is the request's first offer that skips the key, not its first offer.
+    # spec A5: "once" is the request's first offer that skips the key, not its first offer.
     m = new(make, 4, T=2, tracker=1)
     steps = []
 
@@ -322,7 +354,8 @@ def scenario_a5_first_skip(make) -> dict:
 A5_FIRST_SKIP = {"steps": [([], 1), (["a"], 0), ([], 1), ([], 1), ([], 0)]}
 
 
-# --------------------------------------------------------------------------- A6
+# --------------------------------------------------------------------------- spec A6
+
 
 def scenario_a6(make, T: int) -> dict:
     m = new(make, 8, T=T)
@@ -331,16 +364,19 @@ def scenario_a6(make, T: int) -> dict:
     for r in range(T - 2):
         offer(m, "b", ReqContext(f"v{r}"))
     out = m.prepare_store(keys_of("cbad"), ReqContext("req"))
-    return {"stored": names(out.keys_to_store), "ids": out.store_spec,
-            "counts": {n: count(m, K(n)) for n in "abcd"}}
+    return {
+        "stored": names(out.keys_to_store),
+        "ids": out.store_spec,
+        "counts": {n: count(m, K(n)) for n in "abcd"},
+    }
 
 
 def a6_expected(T: int) -> dict:
-    return {"stored": ["c", "a"], "ids": [0, 1],
-            "counts": {"a": T, "b": T - 1, "c": T, "d": 1}}
+    return {"stored": ["c", "a"], "ids": [0, 1], "counts": {"a": T, "b": T - 1, "c": T, "d": 1}}
 
 
-# --------------------------------------------------------------------------- A7
+# --------------------------------------------------------------------------- spec A7
+
 
 def scenario_a7(make) -> dict:
     m = new(make, 4, T=3)
@@ -350,15 +386,26 @@ def scenario_a7(make) -> dict:
     count_after_reset = count(m, K("a"))
     reoffer = (offer(m, "a", r), skipped(m), count(m, K("a")))  # counts and skips again
     other = offer(m, "a", ReqContext("s"))  # the third request: a reaches 3
-    return {"before": before, "count_after_reset": count_after_reset, "after_reoffer": reoffer,
-            "stored_by_other": other, "generation": m.generation}
+    return {
+        "before": before,
+        "count_after_reset": count_after_reset,
+        "after_reoffer": reoffer,
+        "stored_by_other": other,
+        "generation": m.generation,
+    }
 
 
-A7 = {"before": ([], 1, 1), "count_after_reset": 1, "after_reoffer": ([], 1, 2),
-      "stored_by_other": ["a"], "generation": 1}
+A7 = {
+    "before": ([], 1, 1),
+    "count_after_reset": 1,
+    "after_reoffer": ([], 1, 2),
+    "stored_by_other": ["a"],
+    "generation": 1,
+}
 
 
-# --------------------------------------------------------------------------- A8
+# --------------------------------------------------------------------------- spec A8
+
 
 def scenario_a8(make) -> dict:
     m = new(make, 3)
@@ -372,19 +419,36 @@ def scenario_a8(make) -> dict:
     return {"out": out, "state": state}
 
 
-A8 = {"out": None, "state": {
-    "lookup": {"a": "HIT", "b": "HIT", "c": "HIT_PENDING", "d": "MISS", "e": "MISS", "f": "MISS"},
-    "ref": {"a": 0, "b": 1, "c": -1, "d": None, "e": None, "f": None},
-    "chunk": {"a": 0, "b": 1, "c": 2, "d": None, "e": None, "f": None},
-    "free": 0, "tracker": None, "policy": ["a", "b", "c"], "events": [],
-    "stats": {"vllm:kv_offload_cpu_allocation_size": [3],
-              "vllm:kv_offload_cpu_cache_usage_perc": 2 / 3,
-              "vllm:kv_offload_cpu_cache_write_usage_perc": 1 / 3,
-              "vllm:kv_offload_cpu_cache_read_usage_perc": 1 / 3},
-    "generation": 0}}
+A8 = {
+    "out": None,
+    "state": {
+        "lookup": {
+            "a": "HIT",
+            "b": "HIT",
+            "c": "HIT_PENDING",
+            "d": "MISS",
+            "e": "MISS",
+            "f": "MISS",
+        },
+        "ref": {"a": 0, "b": 1, "c": -1, "d": None, "e": None, "f": None},
+        "chunk": {"a": 0, "b": 1, "c": 2, "d": None, "e": None, "f": None},
+        "free": 0,
+        "tracker": None,
+        "policy": ["a", "b", "c"],
+        "events": [],
+        "stats": {
+            "vllm:kv_offload_cpu_allocation_size": [3],
+            "vllm:kv_offload_cpu_cache_usage_perc": 2 / 3,
+            "vllm:kv_offload_cpu_cache_write_usage_perc": 1 / 3,
+            "vllm:kv_offload_cpu_cache_read_usage_perc": 1 / 3,
+        },
+        "generation": 0,
+    },
+}
 
 
 # --------------------------------------------------------------------------- offers
+
 
 def scenario_dedup(make) -> dict:
     m = new(make, 4)
@@ -396,6 +460,7 @@ DEDUP = {"stored": ["a", "b"], "ids": [0, 1], "free": 2}
 
 
 # --------------------------------------------------------------------------- LRU
+
 
 def scenario_lru(make) -> dict:
     m = new(make, 4)
@@ -417,11 +482,16 @@ def scenario_lru(make) -> dict:
     return {"touched": touched, "evicted": evicted, "evicted2": evicted2, "evicted3": evicted3}
 
 
-LRU = {"touched": ["c", "d", "b", "a"], "evicted": ["c", "d", "b"], "evicted2": ["c"],
-       "evicted3": ["b"]}
+LRU = {
+    "touched": ["c", "d", "b", "a"],
+    "evicted": ["c", "d", "b"],
+    "evicted2": ["c"],
+    "evicted3": ["b"],
+}
 
 
 # --------------------------------------------------------------------------- ARC
+
 
 def scenario_arc(make) -> dict:
     m = new(make, 4, policy="arc")
@@ -476,6 +546,7 @@ def test_arc_reset_clears_ghosts_and_p():
 
 # --------------------------------------------------------------------------- chunk ids
 
+
 def scenario_chunk_ids(make) -> dict:
     m = new(make, 4)
     ids = [store(m, "abc", complete=False).store_spec]  # fresh ids, ascending
@@ -498,28 +569,39 @@ def test_eviction_frees_victims_chunks_for_the_offer():
 
 # --------------------------------------------------------------------------- failed stores
 
+
 def scenario_failed_store(make) -> dict:
     m = new(make, 2)
     store(m, "ab", complete=False)
     m.take_events()
     m.complete_store([K("a")], success=False)
-    failed = {"events": events(m), "lookup": m.lookup(K("a")).name,
-              "ref": m.ref_count(K("a")), "free": m.free_chunks}
+    failed = {
+        "events": events(m),
+        "lookup": m.lookup(K("a")).name,
+        "ref": m.ref_count(K("a")),
+        "free": m.free_chunks,
+    }
     out = store(m, "c", complete=False)
     m.complete_store([K("b")])
     m.take_events()
     m.complete_store(keys_of("bz"), success=False)  # b ready, z absent: both ignored
     m.complete_store(keys_of("bz"))
-    return {"failed": failed, "next": None if out is None else out.store_spec,
-            "ignored": (events(m), m.lookup(K("b")).name)}
+    return {
+        "failed": failed,
+        "next": None if out is None else out.store_spec,
+        "ignored": (events(m), m.lookup(K("b")).name),
+    }
 
 
-FAILED_STORE = {"failed": {"events": [(["a"], True, True)], "lookup": "MISS", "ref": None,
-                           "free": 1},
-                "next": [0], "ignored": ([], "HIT")}
+FAILED_STORE = {
+    "failed": {"events": [(["a"], True, True)], "lookup": "MISS", "ref": None, "free": 1},
+    "next": [0],
+    "ignored": ([], "HIT"),
+}
 
 
 # --------------------------------------------------------------------------- residency
+
 
 def scenario_lookup(make) -> dict:
     m = new(make, 3)
@@ -542,6 +624,7 @@ def test_loads_pin_and_release():
 
 
 # --------------------------------------------------------------------------- reset
+
 
 def test_reset_drops_everything_but_tracker_counts():
     m = OffloadingManager(3, store_threshold=2)
@@ -570,6 +653,7 @@ def test_reset_drops_everything_but_tracker_counts():
 
 # --------------------------------------------------------------------------- events
 
+
 def scenario_events(make) -> dict:
     m = new(make, 2)
     out = m.prepare_store(keys_of("ab"), ReqContext("r"))
@@ -579,12 +663,20 @@ def scenario_events(make) -> dict:
     out = m.prepare_store([K("c")], ReqContext("s"))
     at_eviction = events(m)
     m.complete_store([K("c")])
-    return {"at_prepare": at_prepare, "at_complete": at_complete,
-            "at_eviction": at_eviction, "last": events(m)}
+    return {
+        "at_prepare": at_prepare,
+        "at_complete": at_complete,
+        "at_eviction": at_eviction,
+        "last": events(m),
+    }
 
 
-EVENTS = {"at_prepare": [], "at_complete": [(["a", "b"], False, False)],
-          "at_eviction": [(["a"], True, False)], "last": [(["c"], False, False)]}
+EVENTS = {
+    "at_prepare": [],
+    "at_complete": [(["a", "b"], False, False)],
+    "at_eviction": [(["a"], True, False)],
+    "last": [(["c"], False, False)],
+}
 
 
 def test_event_type():
@@ -615,6 +707,7 @@ def test_events_replay_to_ready_keys_since_the_last_reset():
 
 # --------------------------------------------------------------------------- stats
 
+
 def scenario_stats(make) -> dict:
     m = new(make, 4)
     store(m, "abc", complete=False)
@@ -626,28 +719,42 @@ def scenario_stats(make) -> dict:
     m.complete_load([K("a")])
     second = m.get_stats().as_dict()
     after_none = m.prepare_store(keys_of("fghij"), ReqContext("s"))  # 5 > 4: None
-    return {"first": first, "out": names(out.evicted_keys), "second": second,
-            "after_none": (after_none, m.get_stats().as_dict())}
+    return {
+        "first": first,
+        "out": names(out.evicted_keys),
+        "second": second,
+        "after_none": (after_none, m.get_stats().as_dict()),
+    }
 
 
 STATS = {
-    "first": {"vllm:kv_offload_cpu_allocation_size": [3],
-              "vllm:kv_offload_cpu_cache_usage_perc": 0.5,
-              "vllm:kv_offload_cpu_cache_write_usage_perc": 0.25,
-              "vllm:kv_offload_cpu_cache_read_usage_perc": 0.25},
+    "first": {
+        "vllm:kv_offload_cpu_allocation_size": [3],
+        "vllm:kv_offload_cpu_cache_usage_perc": 0.5,
+        "vllm:kv_offload_cpu_cache_write_usage_perc": 0.25,
+        "vllm:kv_offload_cpu_cache_read_usage_perc": 0.25,
+    },
     "out": ["b"],
-    "second": {"vllm:kv_offload_cpu_allocation_size": [2],
-               "vllm:kv_offload_cpu_cache_usage_perc": 0.25,
-               "vllm:kv_offload_cpu_cache_write_usage_perc": 0.25,
-               "vllm:kv_offload_cpu_cache_read_usage_perc": 0.0},
-    "after_none": (None, {"vllm:kv_offload_cpu_allocation_size": [5],
-                          "vllm:kv_offload_cpu_cache_usage_perc": 0.25,
-                          "vllm:kv_offload_cpu_cache_write_usage_perc": 0.25,
-                          "vllm:kv_offload_cpu_cache_read_usage_perc": 0.0}),
+    "second": {
+        "vllm:kv_offload_cpu_allocation_size": [2],
+        "vllm:kv_offload_cpu_cache_usage_perc": 0.25,
+        "vllm:kv_offload_cpu_cache_write_usage_perc": 0.25,
+        "vllm:kv_offload_cpu_cache_read_usage_perc": 0.0,
+    },
+    "after_none": (
+        None,
+        {
+            "vllm:kv_offload_cpu_allocation_size": [5],
+            "vllm:kv_offload_cpu_cache_usage_perc": 0.25,
+            "vllm:kv_offload_cpu_cache_write_usage_perc": 0.25,
+            "vllm:kv_offload_cpu_cache_read_usage_perc": 0.0,
+        },
+    ),
 }
 
 
 # --------------------------------------------------------------------------- the table
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -665,38 +772,82 @@ def _at(scenario, T: int):
 
 
 CLAIMS = [
-    *(Claim(f"a1-T{T}", _at(scenario_a1, T), A1, ((TrackerBelowTwo, ("offers", "skip_metric")),))
-      for T in (0, 1)),
-    Claim("a2", scenario_a2, A2, (
-        ("failed_offer_not_recorded", ("cold_count",)),
-        ("every_offer_counts", ("cold_count",)),
-        ("every_offer_counts", ("dropped_retracked",)),
-        ("dropped_key_not_retracked", ("dropped_retracked",)),
-        ("dedup_failed_retries_only", ("cold_count",)),
-        ("reoffer_no_refresh", ("refreshed",)))),
+    *(
+        Claim(f"a1-T{T}", _at(scenario_a1, T), A1, ((TrackerBelowTwo, ("offers", "skip_metric")),))
+        for T in (0, 1)
+    ),
+    Claim(
+        "a2",
+        scenario_a2,
+        A2,
+        (
+            ("failed_offer_not_recorded", ("cold_count",)),
+            ("every_offer_counts", ("cold_count",)),
+            ("every_offer_counts", ("dropped_retracked",)),
+            ("dropped_key_not_retracked", ("dropped_retracked",)),
+            ("dedup_failed_retries_only", ("cold_count",)),
+            ("reoffer_no_refresh", ("refreshed",)),
+        ),
+    ),
     Claim("a3", scenario_a3, A3, (("records_by_req_id", ("offers",)),)),
-    Claim("a4", scenario_a4, A4, (("tracker_evicts_offer_key", ("full_protected",)),
-                                  ("tracker_unbounded", ("full_protected",)))),
+    Claim(
+        "a4",
+        scenario_a4,
+        A4,
+        (
+            ("tracker_evicts_offer_key", ("full_protected",)),
+            ("tracker_unbounded", ("full_protected",)),
+        ),
+    ),
     Claim("a5", scenario_a5, A5, (("skip_metric_every_offer", ("steps",)),)),
-    Claim("a5-first-skip", scenario_a5_first_skip, A5_FIRST_SKIP,
-          (("skip_undercount", ("steps",)), ("skip_metric_every_offer", ("steps",)))),
-    *(Claim(f"a6-T{T}", _at(scenario_a6, T), a6_expected(T), (("strict_threshold", ("stored",)),))
-      for T in (2, 3)),
-    Claim("a7", scenario_a7, A7, (("reset_keeps_counting", ("after_reoffer",)),
-                                  ("tracker_cleared_on_reset", ("count_after_reset",)))),
+    Claim(
+        "a5-first-skip",
+        scenario_a5_first_skip,
+        A5_FIRST_SKIP,
+        (("skip_undercount", ("steps",)), ("skip_metric_every_offer", ("steps",))),
+    ),
+    *(
+        Claim(f"a6-T{T}", _at(scenario_a6, T), a6_expected(T), (("strict_threshold", ("stored",)),))
+        for T in (2, 3)
+    ),
+    Claim(
+        "a7",
+        scenario_a7,
+        A7,
+        (
+            ("reset_keeps_counting", ("after_reoffer",)),
+            ("tracker_cleared_on_reset", ("count_after_reset",)),
+        ),
+    ),
     Claim("a8", scenario_a8, A8, (("partial_eviction_before_none", ("state",)),)),
     Claim("dedup", scenario_dedup, DEDUP, (("repeated_key_stored_twice", ("stored",)),)),
-    Claim("lru", scenario_lru, LRU, (("lru_touch_forward", ("evicted",)),
-                                     ("evicts_pinned", ("evicted2",)))),
-    Claim("arc", scenario_arc, ARC, (("arc_ghosts_untrimmed", ("ghosts",)),
-                                     ("arc_adapts_every_retry", ("p",)))),
+    Claim(
+        "lru",
+        scenario_lru,
+        LRU,
+        (("lru_touch_forward", ("evicted",)), ("evicts_pinned", ("evicted2",))),
+    ),
+    Claim(
+        "arc",
+        scenario_arc,
+        ARC,
+        (("arc_ghosts_untrimmed", ("ghosts",)), ("arc_adapts_every_retry", ("p",))),
+    ),
     Claim("chunk-ids", scenario_chunk_ids, CHUNK_IDS, (("freed_chunks_fifo", ("ids",)),)),
-    Claim("failed-store", scenario_failed_store, FAILED_STORE,
-          (("failed_store_keeps_chunk", ("failed",)),)),
+    Claim(
+        "failed-store",
+        scenario_failed_store,
+        FAILED_STORE,
+        (("failed_store_keeps_chunk", ("failed",)),),
+    ),
     Claim("lookup", scenario_lookup, LOOKUP, (("lookup_pending_is_hit", ("a",)),)),
     Claim("events", scenario_events, EVENTS, (("store_event_missing", ("at_complete",)),)),
-    Claim("stats", scenario_stats, STATS, (("usage_counts_idle", ("first",)),
-                                           ("no_sample_on_none", ("after_none",)))),
+    Claim(
+        "stats",
+        scenario_stats,
+        STATS,
+        (("usage_counts_idle", ("first",)), ("no_sample_on_none", ("after_none",))),
+    ),
 ]
 CATCHES = [(claim, variant, fields) for claim in CLAIMS for variant, fields in claim.caught]
 
@@ -710,14 +861,17 @@ def test_impl_observes_what_the_claim_says(claim):
     assert claim.scenario(IMPL) == claim.expected
 
 
-@pytest.mark.parametrize("claim, variant, fields", CATCHES, ids=[
-    f"{c.name}-{_variant_name(v)}-{'+'.join(f)}" for c, v, f in CATCHES])
+@pytest.mark.parametrize(
+    "claim, variant, fields",
+    CATCHES,
+    ids=[f"{c.name}-{_variant_name(v)}-{'+'.join(f)}" for c, v, f in CATCHES],
+)
 def test_the_variant_that_breaks_the_claim_observes_otherwise(claim, variant, fields):
     got = claim.scenario(MUTANTS[variant] if isinstance(variant, str) else variant)
     for field in fields:
         assert got[field] != claim.expected[field], (
-            f"the scenario does not catch {_variant_name(variant)} in {field!r}")
-
+            f"the scenario does not catch {_variant_name(variant)} in {field!r}"
+        )
 
 
 def test_stats_skip_metric_only_from_threshold_two():
@@ -731,12 +885,16 @@ def test_stats_skip_metric_only_from_threshold_two():
 
 # --------------------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"num_chunks": -1}, "num_chunks"),
-    ({"store_threshold": -1}, "store_threshold"),
-    ({"max_tracker_size": 0}, "max_tracker_size"),
-    ({"cache_policy": "fifo"}, "cache_policy"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"num_chunks": -1}, "num_chunks"),
+        ({"store_threshold": -1}, "store_threshold"),
+        ({"max_tracker_size": 0}, "max_tracker_size"),
+        ({"cache_policy": "fifo"}, "cache_policy"),
+    ],
+)
 def test_constructor_rejects_out_of_range_arguments(kwargs, name):
     args = {"num_chunks": 4, **kwargs}
     with pytest.raises(ValueError, match=name):
@@ -793,8 +951,9 @@ MISUSE = [  # (id, call, arguments, the key the error must name)
 ]
 
 
-@pytest.mark.parametrize("call, args, bad", [case[1:] for case in MISUSE],
-                         ids=[case[0] for case in MISUSE])
+@pytest.mark.parametrize(
+    "call, args, bad", [case[1:] for case in MISUSE], ids=[case[0] for case in MISUSE]
+)
 def test_misuse_names_the_key_and_changes_nothing(call, args, bad):
     m = busy_manager(IMPL)
     before = snapshot(m, ALL)

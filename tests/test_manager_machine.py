@@ -4,6 +4,7 @@ catalogued variant with a short counterexample that replays as plain Python.
 Every run here uses the ``ci`` profile (derandomized), whatever profile the suite runs under:
 a claim of coverage or of a catch must not depend on the seed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,7 +29,7 @@ def run(spec: str, max_examples: int):
 IMPL_SPECS = ("impl",)  # both policies, both recency semantics, drawn per example
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def impl_run(spec: str):
     # 1,000 examples (the ci profile's 600 with room): every label fires ten times or more
     # here, so a small change to a machine's draws does not turn coverage red by chance.
@@ -42,9 +43,14 @@ def test_machine_passes_on_impl(spec):
     assert result.examples > 0 and result.steps > 0
 
 
-@pytest.mark.parametrize("spec,label", [
-    (spec, label) for spec in IMPL_SPECS
-    for label in make_machine(resolve_target(spec)).expected_labels()])
+@pytest.mark.parametrize(
+    "spec,label",
+    [
+        (spec, label)
+        for spec in IMPL_SPECS
+        for label in make_machine(resolve_target(spec)).expected_labels()
+    ],
+)
 def test_label_fires(spec, label):
     """Each coverage label counts a decision the machine reaches on impl (a label no run hits
     would claim coverage the machine never gives)."""
@@ -53,7 +59,7 @@ def test_label_fires(spec, label):
 
 
 def test_machine_passes_on_impl_as_a_foreign_target():
-    """The adoption path (SPEC section 9): legality checks, then the model follows."""
+    """The adoption path (spec §9): legality checks, then the model follows."""
     machine, result = run("foreign=kvgate.impl.manager:OffloadingManager", 300)
     assert result.passed, result.message + "\n" + "\n".join(result.program)
     assert result.labels.get("multi-victim eviction") and result.labels.get("offer refused (None)")

@@ -1,4 +1,5 @@
 """Direct examples of the reference model: the seed's two scenarios, LRU, ARC, reset, choices."""
+
 import pytest
 
 from kvgate.model import Model, ModelError, admission_step

@@ -1,6 +1,7 @@
 """Request-scoped recency (spec R1-R7) in impl's manager, by example: each scenario holds on
 ``OffloadingManager(recency="request")`` and fails on the catalogued variant that breaks its rule
 (the machines find those variants too; these examples say what each rule means)."""
+
 from __future__ import annotations
 
 import pytest

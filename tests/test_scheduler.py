@@ -1,5 +1,6 @@
 """The scheduler driver: the seed's scheduler scenario, the driver's own rules, and the
 request-level machine (properties/scheduler_machine.py) on impl and on the catalogue."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,11 +31,16 @@ SCHEDULER_CAUGHT = sorted(name for name, m in MUTANTS.items() if m.admission)
 
 
 def _impl(num_chunks, cache_policy="lru", store_threshold=1, max_tracker_size=64_000):
-    return OffloadingManager(num_chunks, cache_policy=cache_policy,
-                             store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+    return OffloadingManager(
+        num_chunks,
+        cache_policy=cache_policy,
+        store_threshold=store_threshold,
+        max_tracker_size=max_tracker_size,
+    )
 
 
 # --------------------------------------------------------------------------- the seed's scenario
+
 
 def single_request_block_retry(factory) -> tuple[Scheduler, Request]:
     """The seed's scheduler run: num_chunks=2; request A (one block) is offered once; both
@@ -116,12 +122,15 @@ def test_resumed_request_reoffer_fails_on_recounting_variants(name, natural):
 
 # --------------------------------------------------------------------------- the driver's rules
 
+
 def _checked(num_chunks=4, threshold=1, policy="lru", tracker=64_000, **kw):
-    oracle = LockstepManager(NativeAdapter(_impl(num_chunks, policy, threshold, tracker)),
-                            Model(num_chunks, policy, threshold, tracker))
-    worker = kw.pop("worker", None) or NullWorker(delay=kw.pop("delay", 1),
-                                                  blocks_per_chunk=kw.get("blocks_per_chunk", 1),
-                                                  track_data=True)
+    oracle = LockstepManager(
+        NativeAdapter(_impl(num_chunks, policy, threshold, tracker)),
+        Model(num_chunks, policy, threshold, tracker),
+    )
+    worker = kw.pop("worker", None) or NullWorker(
+        delay=kw.pop("delay", 1), blocks_per_chunk=kw.get("blocks_per_chunk", 1), track_data=True
+    )
     sched = Scheduler(oracle, worker, on_step=oracle.set_step, **driver_hooks(oracle), **kw)
     return sched, oracle, worker
 
@@ -182,8 +191,9 @@ def test_completions_of_jobs_issued_before_a_reset_never_reach_the_manager():
     assert sched.counters.store_jobs == 1
     calls = []
     real = oracle.complete_store
-    oracle.complete_store = lambda keys, ctx=None, success=True: calls.append(keys) or \
-        real(keys, ctx, success)
+    oracle.complete_store = lambda keys, ctx=None, success=True: (
+        calls.append(keys) or real(keys, ctx, success)
+    )
     sched.reset()
     assert calls == [] and sched.counters.stores_stale == 2
     assert r.store_pos == 0
@@ -238,8 +248,12 @@ def test_preemption_when_gpu_blocks_run_out_restarts_the_last_request():
 
 def test_stored_chunks_hold_their_keys_data():
     sched, oracle, worker = _checked(num_chunks=3, block_size=2, blocks_per_chunk=2, delay=2)
-    reqs = [sched.add_request(Request.from_tokens(f"r{i}", [1, 2, i, 3, 4, 5, 6, 7, 8], 2,
-                                                  max_output_tokens=2)) for i in range(4)]
+    reqs = [
+        sched.add_request(
+            Request.from_tokens(f"r{i}", [1, 2, i, 3, 4, 5, 6, 7, 8], 2, max_output_tokens=2)
+        )
+        for i in range(4)
+    ]
     sched.run_until_idle()
     seen = 0
     for r in reqs:
@@ -247,15 +261,17 @@ def test_stored_chunks_hold_their_keys_data():
             entry = oracle.model.resident.get(key)
             if entry is not None and entry["ref"] >= 0:
                 seen += 1
-                assert worker.chunk_tags(entry["chunk"]) == r.block_hashes[2 * i:2 * i + 2]
+                assert worker.chunk_tags(entry["chunk"]) == r.block_hashes[2 * i : 2 * i + 2]
     assert seen == 3
 
 
 def test_lockstep_names_the_step_and_the_call():
-    oracle = LockstepManager(NativeAdapter(EVERY_OFFER_COUNTS(4, store_threshold=2)),
-                            Model(4, "lru", 2, 64_000))
-    sched = Scheduler(oracle, NullWorker(delay=1), block_size=2, on_step=oracle.set_step,
-                      **driver_hooks(oracle))
+    oracle = LockstepManager(
+        NativeAdapter(EVERY_OFFER_COUNTS(4, store_threshold=2)), Model(4, "lru", 2, 64_000)
+    )
+    sched = Scheduler(
+        oracle, NullWorker(delay=1), block_size=2, on_step=oracle.set_step, **driver_hooks(oracle)
+    )
     r = sched.add_request(Request.from_tokens("r", [1, 2], 2, max_output_tokens=3))
     sched.step()
     sched.preempt(r)
@@ -301,20 +317,26 @@ class _InventsSkips(OffloadingManager):
         return {**super().get_stats().as_dict(), "vllm:kv_offload_stores_skipped": 1}
 
 
-@pytest.mark.parametrize("cls, foreign, agrees", [
-    (_NoSkipMetric, True, False),  # no target may leave out the skip metric at threshold >= 2
-    (_NoSkipMetric, False, False),
-    (_NoWriteGauge, True, True),  # a foreign target reports a fixed set: its first read's
-    (_NoWriteGauge, False, False),  # an exact one reports the model's
-    (_WriteGaugeGoesMissing, True, False),  # and a metric that goes missing later diverges
-    (_InventsSkips, True, False),  # none may report skips at store_threshold < 2
-    (_InventsSkips, False, False),
-])
+@pytest.mark.parametrize(
+    "cls, foreign, agrees",
+    [
+        (_NoSkipMetric, True, False),  # no target may leave out the skip metric at threshold >= 2
+        (_NoSkipMetric, False, False),
+        (_NoWriteGauge, True, True),  # a foreign target reports a fixed set: its first read's
+        (_NoWriteGauge, False, False),  # an exact one reports the model's
+        (_WriteGaugeGoesMissing, True, False),  # and a metric that goes missing later diverges
+        (_InventsSkips, True, False),  # none may report skips at store_threshold < 2
+        (_InventsSkips, False, False),
+    ],
+)
 def test_lockstep_stats_no_metric_is_optional_by_silence(cls, foreign, agrees):
     """Spec §5: a metric is never optional by silence (each row: what the oracle says)."""
     threshold = 1 if cls is _InventsSkips else 2
-    oracle = LockstepManager(NativeAdapter(cls(2, store_threshold=threshold)),
-                             Model(2, "lru", threshold, 64_000), foreign=foreign)
+    oracle = LockstepManager(
+        NativeAdapter(cls(2, store_threshold=threshold)),
+        Model(2, "lru", threshold, 64_000),
+        foreign=foreign,
+    )
     ctx = ReqContext("r")
     oracle.on_new_request(ctx)
     oracle.prepare_store([make_key(b"a")], ctx)
@@ -372,11 +394,15 @@ def test_the_driver_takes_what_it_needs_as_arguments_and_sniffs_nothing():
     assert face.touched == 1, "missing on the manager must not switch touch off"
     made, positions, read = [], [], []
     face = _Face()
-    sched = Scheduler(face, NullWorker(), block_size=1,
-                      new_context=lambda req_id: made.append(req_id) or ReqContext(req_id),
-                      set_position=lambda ctx, key, end: positions.append(end),
-                      stats_dict=lambda stats: read.append(stats) or Stats.as_dict(stats),
-                      touch=False)
+    sched = Scheduler(
+        face,
+        NullWorker(),
+        block_size=1,
+        new_context=lambda req_id: made.append(req_id) or ReqContext(req_id),
+        set_position=lambda ctx, key, end: positions.append(end),
+        stats_dict=lambda stats: read.append(stats) or Stats.as_dict(stats),
+        touch=False,
+    )
     _loads_once(sched)
     assert made == ["a", "b"] and positions == [1, 2, 3, 1, 2, 3]
     assert face.touched == 0 and read and all(isinstance(s, Stats) for s in read)
@@ -393,6 +419,7 @@ def test_bad_configuration_is_refused():
 
 # --------------------------------------------------------------------------- the machine
 
+
 def test_scheduler_machine_passes_on_impl_and_reaches_every_situation():
     # The ci profile (derandomized) whatever profile the suite runs under: a coverage claim
     # must not depend on the seed.
@@ -408,8 +435,11 @@ def test_scheduler_machine_catches_admission_variant(name):
     """Through the scheduler path alone: engine events only, and only the answers of the calls
     the driver makes and the end-to-end checks (no look at the tracker or the policy's order).
     Shrinking is skipped here for time, so the failure is the first one found."""
-    result = run_machine(make_machine(resolve_target(f"mutant:{name}"), compare_state=False),
-                         "ci", phases=FIRST_FAILURE)
+    result = run_machine(
+        make_machine(resolve_target(f"mutant:{name}"), compare_state=False),
+        "ci",
+        phases=FIRST_FAILURE,
+    )
     assert not result.passed, f"{name} was not caught through the scheduler"
     assert isinstance(result.error, AssertionError), result.message
 
@@ -430,15 +460,13 @@ def test_scheduler_machine_checks_that_loads_bring_their_data():
     machine = make_machine(resolve_target("impl"), worker_cls=_LoadsNothing)
     result = run_machine(machine, "ci", phases=FIRST_FAILURE)
     assert not result.passed
-    assert "data: step" in result.message and "loaded from chunk" in result.message, \
-        result.message
+    assert "data: step" in result.message and "loaded from chunk" in result.message, result.message
 
 
 def test_the_audit_reads_the_oracles_record_of_offers_and_keeps_none_of_its_own():
     """One record of who offered what per machine: the audit over the oracle reads the
     oracle's; were it to record too, it would start the key's since-entry offerers over."""
-    oracle = LockstepManager(NativeAdapter(_impl(4, store_threshold=3)),
-                             Model(4, "lru", 3, 64_000))
+    oracle = LockstepManager(NativeAdapter(_impl(4, store_threshold=3)), Model(4, "lru", 3, 64_000))
     audit = Audit(oracle, NullWorker(track_data=True), 3, data=True, offers=oracle.offers)
     key = make_key(b"a")
     for name in ("r", "s", "r"):

@@ -6,7 +6,7 @@ The verdicts below are what kvgate must say about each release (README, docs/ups
   no other request offered. The default gate (every machine that applies) fails it in at most
   4 steps: the manager machine on the admitted keys, the scheduler machine on the admitted
   keys or on a tracker count above the number of requests that offered the key.
-- 0.34.0 carries the seed's fix, and one defect (SPEC A5, amended): a request's first skip of a
+- 0.34.0 carries the seed's fix, and one defect (spec A5): a request's first skip of a
   key it had earlier had admitted is never counted. Every machine of the default gate fails it
   on the skip metric and nothing else: the same manager with that one thing put right
   (tests/upstream_patches.py) passes under the ``ci`` and ``thorough`` profiles, both
@@ -15,6 +15,7 @@ The verdicts below are what kvgate must say about each release (README, docs/ups
 A release named in .ci/vllm-releases.txt without an entry here is only required to be checked
 (exit 0 or 1, never a crash or a usage error).
 """
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,24 @@ pytestmark = pytest.mark.vllm
 PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
 TRACE = "tests/data/mooncake_conversation_300.jsonl"
 ADMITTED = "admitted keys differ"
-OVERCOUNT = ("a count exceeds the distinct requests that offered the key since it entered the "
-             "tracker")
+OVERCOUNT = (
+    "a count exceeds the distinct requests that offered the key since it entered the tracker"
+)
 SKIPS = "vllm:kv_offload_stores_skipped differs"
 # Per machine of the default gate, the reasons its shrunk counterexample may give.
 EXPECTED = {
-    "0.33.0": {"why": {"manager": {ADMITTED}, "scheduler": {ADMITTED, OVERCOUNT}},
-               "max_steps": 4, "missing": [], "cold": "some"},
-    "0.34.0": {"why": {"manager": {SKIPS}, "scheduler": {SKIPS}},
-               "max_steps": 12, "missing": ["touch"], "cold": "none"},
+    "0.33.0": {
+        "why": {"manager": {ADMITTED}, "scheduler": {ADMITTED, OVERCOUNT}},
+        "max_steps": 4,
+        "missing": [],
+        "cold": "some",
+    },
+    "0.34.0": {
+        "why": {"manager": {SKIPS}, "scheduler": {SKIPS}},
+        "max_steps": 12,
+        "missing": ["touch"],
+        "cold": "none",
+    },
 }
 
 
@@ -91,8 +101,18 @@ def test_0_34_0_with_the_skip_counted_once_passes(profile):
     policies (the vllm= target runs LRU and ARC), both machines."""
     if "0.34.0" not in releases():
         pytest.skip("0.34.0 is not gated")
-    done = run_in("0.34.0", "-m", "kvgate", "check", "--profile", profile, "--machine", "all",
-                  "--target", PATCHED)
+    done = run_in(
+        "0.34.0",
+        "-m",
+        "kvgate",
+        "check",
+        "--profile",
+        profile,
+        "--machine",
+        "all",
+        "--target",
+        PATCHED,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert f"PASS  manager x {PATCHED}" in out and f"PASS  scheduler x {PATCHED}" in out
@@ -101,8 +121,9 @@ def test_0_34_0_with_the_skip_counted_once_passes(profile):
 @pytest.mark.parametrize("version", releases())
 def test_replay_counts_cold_admissions_of_each_release(version, tmp_path):
     report = tmp_path / "replay.json"
-    done = run_in(version, "-m", "kvgate", "replay", TRACE, "--target", "vllm",
-                  "--json", str(report))
+    done = run_in(
+        version, "-m", "kvgate", "replay", TRACE, "--target", "vllm", "--json", str(report)
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (run,) = json.loads(report.read_text())
     assert run["requests"] == 300 and run["finished"] == 300
@@ -150,16 +171,20 @@ def test_the_adapter_reads_the_release_by_capability(version):
     assert got["first"] == [[], []]  # threshold 2: one request's offer admits nothing
     assert got["second"] == [2, 2]  # a second request's offer admits both
     # The failed store's metadata-only removal named A and B; A is pending again when the
-    # events are drained, so only B is left in it (SPEC section 5, amended).
+    # events are drained, so only B is left in it (spec §5).
     assert got["events"] == [[1, True, True]], got
     assert got["recency"] == ["request"] and got["exact"], got  # both releases: spec §4.6
     assert not got["third_none"] and got["lookup"] == "HIT_PENDING"
     assert got["tracker"] == 3  # A, B and C
-    assert got["stats"] == sorted(["vllm:kv_offload_stores_skipped",
-                                   "vllm:kv_offload_cpu_allocation_size",
-                                   "vllm:kv_offload_cpu_cache_usage_perc",
-                                   "vllm:kv_offload_cpu_cache_write_usage_perc",
-                                   "vllm:kv_offload_cpu_cache_read_usage_perc"])
+    assert got["stats"] == sorted(
+        [
+            "vllm:kv_offload_stores_skipped",
+            "vllm:kv_offload_cpu_allocation_size",
+            "vllm:kv_offload_cpu_cache_usage_perc",
+            "vllm:kv_offload_cpu_cache_write_usage_perc",
+            "vllm:kv_offload_cpu_cache_read_usage_perc",
+        ]
+    )
     want = EXPECTED.get(version)
     if want is not None:
         assert got["missing"] == want["missing"], got

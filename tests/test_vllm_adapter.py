@@ -1,6 +1,7 @@
-"""The vLLM adapter goes by capability (SPEC section 10, amended), tested without vLLM through
+"""The vLLM adapter goes by capability (spec §10), tested without vLLM through
 the stand-in of tests/fake_vllm.py: a manager without ``touch`` is still checked, no touch step
 is ever drawn for it, and the report says what the adapter found missing."""
+
 from __future__ import annotations
 
 import re
@@ -46,8 +47,21 @@ def test_events_with_newer_fields_read_as_plain_events():
 
 
 def test_the_gate_checks_a_manager_without_touch_and_says_so(capsys):
-    code = main(["check", "--target", NO_TOUCH, "--machine", "all", "--profile", "ci",
-                 "--max-examples", "60", "--steps", "20"])
+    code = main(
+        [
+            "check",
+            "--target",
+            NO_TOUCH,
+            "--machine",
+            "all",
+            "--profile",
+            "ci",
+            "--max-examples",
+            "60",
+            "--steps",
+            "20",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"target {NO_TOUCH}: tests.fake_vllm.FakeManagerWithoutTouch;" in out
@@ -65,8 +79,19 @@ class ImplWithoutTouch(OffloadingManager):
 def test_a_native_target_lacking_touch_is_checked_without_it(capsys):
     target = resolve_target("tests.test_vllm_adapter:ImplWithoutTouch")
     assert target.missing == frozenset({"touch"}) and "lacks touch" in target.note
-    code = main(["check", "--target", "tests.test_vllm_adapter:ImplWithoutTouch",
-                 "--profile", "ci", "--max-examples", "40", "--steps", "20"])
+    code = main(
+        [
+            "check",
+            "--target",
+            "tests.test_vllm_adapter:ImplWithoutTouch",
+            "--profile",
+            "ci",
+            "--max-examples",
+            "40",
+            "--steps",
+            "20",
+        ]
+    )
     assert code == 0, capsys.readouterr().out
 
 

@@ -1,8 +1,9 @@
-"""The GPU-copy worker (SPEC section 6): examples, the worker machine, and the known-bad workers.
+"""The GPU-copy worker (spec §6): examples, the worker machine, and the known-bad workers.
 
 Every test that moves bytes runs on the CPU path, and on the CUDA path too when
 ``torch.cuda.is_available()``.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,9 +23,13 @@ HAS_CUDA = torch.cuda.is_available()
 # (derandomized) with no example database, whatever profile the suite loaded
 # (HYPOTHESIS_PROFILE / CI) and whatever a local .hypothesis directory holds.
 MACHINE_SETTINGS = settings(settings.get_profile("ci"), derandomize=True, database=None)
-DEVICES = ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")])]
-
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")],
+    ),
+]
 
 
 class Layout:
@@ -48,16 +53,15 @@ class Layout:
         ]
 
     def page(self, layer, block):
-        return self.raw[layer][block, :self.PAGES[layer]].cpu().clone()
+        return self.raw[layer][block, : self.PAGES[layer]].cpu().clone()
 
     def snapshot(self, worker):
-        return ([r.cpu().clone() for r in self.raw]
-                + [c.cpu().clone() for c in worker.cpu_tensors])
+        return [r.cpu().clone() for r in self.raw] + [c.cpu().clone() for c in worker.cpu_tensors]
 
 
 def sub_block(worker, layer, chunk, j):
     page = worker.page_bytes[layer]
-    return worker.cpu_tensors[layer][chunk, j * page:(j + 1) * page].cpu()
+    return worker.cpu_tensors[layer][chunk, j * page : (j + 1) * page].cpu()
 
 
 def finished(worker, ids):
@@ -81,14 +85,17 @@ def test_layout_sees_each_layer_as_page_bytes(device):
     assert w.gpu_pages[1].data_ptr() == lay.raw[1].data_ptr()  # a view, not a copy
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(gpu_tensors=[]), "at least one layer"),
-    (dict(num_chunks=-1), "num_chunks"),
-    (dict(blocks_per_chunk=0), "blocks_per_chunk"),
-    (dict(gpu_tensors=[torch.zeros(4, 8), torch.zeros(5, 8)]), "blocks"),
-    (dict(gpu_tensors=[torch.zeros(8, 4).t()]), "not contiguous"),
-    (dict(gpu_tensors=[torch.zeros(4, 0)]), "empty pages"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(gpu_tensors=[]), "at least one layer"),
+        (dict(num_chunks=-1), "num_chunks"),
+        (dict(blocks_per_chunk=0), "blocks_per_chunk"),
+        (dict(gpu_tensors=[torch.zeros(4, 8), torch.zeros(5, 8)]), "blocks"),
+        (dict(gpu_tensors=[torch.zeros(8, 4).t()]), "not contiguous"),
+        (dict(gpu_tensors=[torch.zeros(4, 0)]), "empty pages"),
+    ],
+)
 def test_constructor_refuses_bad_arguments(bad, message):
     args = dict(gpu_tensors=[torch.zeros(4, 8)], num_chunks=2, blocks_per_chunk=2) | bad
     with pytest.raises(ValueError, match=message):
@@ -217,9 +224,12 @@ def test_invalid_transfer_is_refused_before_any_byte_moves(device, name):
     args = dict(job_id=7) | args
     call = w.submit_store if kind == "store" else w.submit_load
     with pytest.raises(ValueError):
-        call(args["job_id"], args["gpu_blocks"] if kind == "store" else args["chunk_ids"],
-             args["chunk_ids"] if kind == "store" else args["gpu_blocks"],
-             args.get("offset", 0))
+        call(
+            args["job_id"],
+            args["gpu_blocks"] if kind == "store" else args["chunk_ids"],
+            args["chunk_ids"] if kind == "store" else args["gpu_blocks"],
+            args.get("offset", 0),
+        )
     assert all(torch.equal(a, b) for a, b in zip(before, lay.snapshot(w)))
     assert w.pending_job_ids() == [] and w.get_finished() == []
     # Nothing was used up: the id is free and the injected failure still hits the next job.
@@ -332,21 +342,33 @@ def test_cuda_store_sees_writes_queued_before_it_on_the_current_stream():
 def test_machine_passes_on_the_worker():
     OffloadWorkerMachine.coverage.clear()
     run_state_machine_as_test(OffloadWorkerMachine, settings=MACHINE_SETTINGS)
-    expected = {"store with offset", "load with offset", "store over several chunks",
-                "load over several chunks", "failed job reported", "wait", "store reported",
-                "load reported", "empty transfer"}
+    expected = {
+        "store with offset",
+        "load with offset",
+        "store over several chunks",
+        "load over several chunks",
+        "failed job reported",
+        "wait",
+        "store reported",
+        "load reported",
+        "empty transfer",
+    }
     expected |= {f"refused: {d}" for d in worker_machine.DEFECTS}
     assert expected <= set(OffloadWorkerMachine.expected_labels())
-    missing = [label for label in OffloadWorkerMachine.expected_labels()
-               if not OffloadWorkerMachine.coverage.get(label)]
+    missing = [
+        label
+        for label in OffloadWorkerMachine.expected_labels()
+        if not OffloadWorkerMachine.coverage.get(label)
+    ]
     assert not missing, f"the machine never reached {sorted(missing)}"
 
 
 def _no_explain() -> settings:
     # The explain phase re-runs a found failure many times to annotate it (14-33 s per machine
     # here); generation and shrinking are the ci profile's own.
-    return settings(MACHINE_SETTINGS, phases=[p for p in MACHINE_SETTINGS.phases
-                                              if p != Phase.explain])
+    return settings(
+        MACHINE_SETTINGS, phases=[p for p in MACHINE_SETTINGS.phases if p != Phase.explain]
+    )
 
 
 def _counterexample(machine) -> tuple[AssertionError, list[str]]:
@@ -376,9 +398,19 @@ def test_machine_catches_bad_worker_with_a_short_replayable_counterexample(name)
     error, steps = _counterexample(BAD_MACHINES[name])
     expected = CAUGHT_BY[name]
     assert any(m in str(error) for m in ((expected,) if isinstance(expected, str) else expected))
-    rules = [s for s in steps if s.startswith("state.") and not s.startswith(
-        ("state.bytes_match_model", "state.pending_ids_in_submission_order", "state.teardown",
-         "state.init_worker"))]  # invariants and set-up are not steps
+    rules = [
+        s
+        for s in steps
+        if s.startswith("state.")
+        and not s.startswith(
+            (
+                "state.bytes_match_model",
+                "state.pending_ids_in_submission_order",
+                "state.teardown",
+                "state.init_worker",
+            )
+        )
+    ]  # invariants and set-up are not steps
     assert steps[0] == f"state = {name}Machine()"
     assert len(rules) <= 4, steps  # shrunk
     # The printed steps replay as they stand.

@@ -1,9 +1,9 @@
 """A patch to vLLM 0.34.0's manager, as a maintainer would offer it for review: the one place
-where kvgate finds 0.34.0 wrong (SPEC A5, amended) put right, everything else left as it is.
+where kvgate finds 0.34.0 wrong (spec A5) put right, everything else left as it is.
 
 0.34.0 counts a skip only when the request had not *counted* the key before. A request whose
 earlier offer admitted the key (the store then failed, or the key was evicted, and the tracker
-dropped it) skips it on a later offer, and that skip is never counted. SPEC A5 counts the
+dropped it) skips it on a later offer, and that skip is never counted. Spec A5 counts the
 request's first *skip* of a key, per generation. ``SkipCountedOnce`` keeps its own record of the
 keys each request has skipped, tied to this manager and its cache generation the way upstream's
 own per-request record is, and adds the skips upstream left out. It is not vLLM's code: it wraps
@@ -12,6 +12,7 @@ the release's ``prepare_store`` and reads only its public calls and its tracker 
 Use: ``kvgate check --target vllm=tests.upstream_patches:SkipCountedOnce`` with vLLM 0.34.0
 installed (the module imports vLLM when it is loaded).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ class _SkippedByRequest:
 
 
 class SkipCountedOnce(CPUOffloadingManager):
-    """vLLM's CPU manager, counting each request's first skip of a key (SPEC A5)."""
+    """vLLM's CPU manager, counting each request's first skip of a key (spec A5)."""
 
     def _skipped_by(self, req_context) -> _SkippedByRequest:
         generation = getattr(self, "_cache_generation", 0)
@@ -49,8 +50,9 @@ class SkipCountedOnce(CPUOffloadingManager):
         if self.counts is None:
             return super().prepare_store(keys, req_context)
         counted_before = self._keys_counted_by(req_context)
-        absent = [k for k in dict.fromkeys(keys)
-                  if self.lookup(k, req_context) == LookupResult.MISS]
+        absent = [
+            k for k in dict.fromkeys(keys) if self.lookup(k, req_context) == LookupResult.MISS
+        ]
         out = super().prepare_store(keys, req_context)
         skipped = self._skipped_by(req_context)
         for key in absent:

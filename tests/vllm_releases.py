@@ -1,7 +1,7 @@
 """Where the real vLLM releases are: one virtual environment per release that CI gates.
 
 ``.ci/vllm-releases.txt`` names the releases; ``.ci/vllm-venv VERSION DIR`` builds each one's
-environment (SPEC section 10), by default under ``.vllm/VERSION`` (``KVGATE_VLLM_ENVS`` names
+environment (spec §10), by default under ``.vllm/VERSION`` (``KVGATE_VLLM_ENVS`` names
 another folder). A test asks for a release with ``release_python(version)``: outside CI a release
 that is not built skips the test; where ``KVGATE_VLLM_REQUIRED=1`` (.ci/run sets it, after building
 them all) conftest.py makes any vllm test's skip a failure, so no vLLM test skips in CI.
@@ -12,6 +12,7 @@ here), the benches run in the same environments (bench/release_envs.py uses ``re
 ``envs_dir``), and .ci/run builds them from what ``python3 tests/vllm_releases.py`` prints (one
 version a line; it needs nothing but the standard library).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,18 +42,24 @@ def release_python(version: str) -> Path:
     if python.exists():
         return python
     # Where KVGATE_VLLM_REQUIRED=1, conftest.py turns this skip into a failure.
-    pytest.skip(f"vLLM {version} has no environment at {python.parent.parent}; "
-                f"build it with .ci/vllm-venv {version} {python.parent.parent}")
+    pytest.skip(
+        f"vLLM {version} has no environment at {python.parent.parent}; "
+        f"build it with .ci/vllm-venv {version} {python.parent.parent}"
+    )
 
 
 def run_python(python: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     """``python ARGS`` from the repository root (so that ``tests.upstream_patches`` imports),
     with no Hypothesis or pytest settings leaking in."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV"))
+    }
     env["CI"] = "true"
-    return subprocess.run([str(python), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def run_in(version: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -67,10 +74,12 @@ def gate_facts(out: str) -> dict:
     why = re.search(r"^  \((.*)\)$", out, re.MULTILINE)
     note = re.search(r"^target (.*)$", out, re.MULTILINE)
     block = re.search(r"^--- counterexample.*?(?=^summary:)", out, re.MULTILINE | re.DOTALL)
-    return {"steps": int(steps.group(1)) if steps else None,
-            "why": why.group(1) if why else "",
-            "note": note.group(1) if note else "",
-            "counterexample": block.group(0).rstrip() if block else ""}
+    return {
+        "steps": int(steps.group(1)) if steps else None,
+        "why": why.group(1) if why else "",
+        "note": note.group(1) if note else "",
+        "counterexample": block.group(0).rstrip() if block else "",
+    }
 
 
 def probe(version: str, code: str) -> dict:

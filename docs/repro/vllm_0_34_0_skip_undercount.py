@@ -1,5 +1,5 @@
 """vLLM 0.34.0: a request's first skip of a key it had earlier had admitted is never counted
-(SPEC A5, amended: the skip metric counts a key's skip once per request, at its first skip).
+(spec A5: the skip metric counts a key's skip once per request, at its first skip).
 
 Plain Python against the installed release's manager, no kvgate. Threshold 2, a tracker of one
 key. Request r1 offers B (skipped: count 1). Request r2 offers B and C: B reaches count 2 and is
@@ -10,13 +10,15 @@ r2 skips it: its first skip of B, which the metric must count. Skips by request:
 r2 {C, A, B}: 4. 0.34.0 reports 3, because it dedups a skip by the keys the request has counted,
 and r2 counted B when it admitted it. Exit 1 when the metric is not 4.
 """
+
 import sys
 
 from vllm.v1.kv_offload.base import ReqContext, make_offload_key
 from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 
-manager = CPUOffloadingManager(num_chunks=1, cache_policy="lru", enable_events=True,
-                               store_threshold=2, max_tracker_size=1)
+manager = CPUOffloadingManager(
+    num_chunks=1, cache_policy="lru", enable_events=True, store_threshold=2, max_tracker_size=1
+)
 r1, r2 = ReqContext(req_id="r1"), ReqContext(req_id="r2")
 A, B, C = (make_offload_key(name, 0) for name in (b"A", b"B", b"C"))
 
@@ -28,8 +30,9 @@ manager.complete_store([B], r2, success=False)
 manager.prepare_store([C, B, A], r2)  # r2 resumes after a preemption
 
 stats = manager.get_stats().reduce()
-skipped = next(v for k, v in stats.items()
-               if str(getattr(k, "value", k)).endswith("stores_skipped"))
+skipped = next(
+    v for k, v in stats.items() if str(getattr(k, "value", k)).endswith("stores_skipped")
+)
 print(f"stores_skipped = {skipped}; the rule says 4 (r1: B; r2: C, A, B)")
 if skipped < 4:
     print("reproduced: r2's first skip of B, a key it had admitted before, was not counted")

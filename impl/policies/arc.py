@@ -1,8 +1,9 @@
-"""Adaptive Replacement Cache (Megiddo and Modha), as SPEC section 4 states it.
+"""Adaptive Replacement Cache (Megiddo and Modha), as spec §4 states it.
 
 T1 holds keys seen once, T2 keys reused; B1 and B2 remember keys evicted from them. ``p`` is the
 target size of T1, moved by hits in the ghost lists.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -24,8 +25,13 @@ class ARCPolicy(CachePolicy):
         entry = self.t1.get(key)
         return entry if entry is not None else self.t2.get(key)
 
-    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
-               position: int | None = None) -> None:
+    def insert(
+        self,
+        key: bytes,
+        entry: Resident,
+        req: RequestRank | None = None,
+        position: int | None = None,
+    ) -> None:
         self.b1.pop(key, None)
         self.b2.pop(key, None)
         self.t1[key] = entry
@@ -91,8 +97,13 @@ class ARCPolicy(CachePolicy):
                 ghosts.popitem(last=False)
 
     def state(self) -> dict:
-        return {"t1": list(self.t1), "t2": list(self.t2), "b1": list(self.b1),
-                "b2": list(self.b2), "p": self.p}
+        return {
+            "t1": list(self.t1),
+            "t2": list(self.t2),
+            "b1": list(self.b1),
+            "b2": list(self.b2),
+            "p": self.p,
+        }
 
     def clear(self) -> None:
         for lst in (self.t1, self.t2, self.b1, self.b2):
@@ -117,8 +128,9 @@ class RequestARCPolicy(ARCPolicy):
     def _t1_target(self) -> float:
         return int(self.p)
 
-    def commit(self, order: Sequence[bytes], insertion_only: set[bytes],
-               reused: set[bytes]) -> None:
+    def commit(
+        self, order: Sequence[bytes], insertion_only: set[bytes], reused: set[bytes]
+    ) -> None:
         for key in reversed(order):  # tail first: the head ends most recent
             if key in insertion_only:  # a store is not a reuse: it keeps its list
                 lst = self.t1 if key in self.t1 else self.t2 if key in self.t2 else None

@@ -7,6 +7,7 @@ whose entries are cold in a large cache (bench/manager_scaling.py). The manager 
 entries may be evicted through a predicate; ``choose_victims`` has no side effects, so the
 manager can give up (return ``None``) without having evicted anything.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -51,8 +52,13 @@ class CachePolicy(ABC):
         """The entry of a resident key, or ``None``."""
 
     @abstractmethod
-    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
-               position: int | None = None) -> None:
+    def insert(
+        self,
+        key: bytes,
+        entry: Resident,
+        req: RequestRank | None = None,
+        position: int | None = None,
+    ) -> None:
         """A newly stored (pending) key; ``req`` and ``position``: the storing request and the
         key's position in it (request-scoped recency only)."""
 
@@ -70,8 +76,9 @@ class CachePolicy(ABC):
     def first_sight(self, keys: Sequence[bytes], req: RequestRank, position: Position) -> None:
         """Keys a request shows for the first time (request-scoped recency, spec R2)."""
 
-    def commit(self, order: Sequence[bytes], insertion_only: set[bytes],
-               reused: set[bytes]) -> None:
+    def commit(
+        self, order: Sequence[bytes], insertion_only: set[bytes], reused: set[bytes]
+    ) -> None:
         """A finished request's keys, head to tail (request-scoped recency, spec R3)."""
 
     @abstractmethod

@@ -1,4 +1,5 @@
 """Least-recently-used order over the resident keys."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -16,8 +17,13 @@ class LRUPolicy(CachePolicy):
     def get(self, key: bytes) -> Resident | None:
         return self.order.get(key)
 
-    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
-               position: int | None = None) -> None:
+    def insert(
+        self,
+        key: bytes,
+        entry: Resident,
+        req: RequestRank | None = None,
+        position: int | None = None,
+    ) -> None:
         self.order[key] = entry
 
     def remove(self, key: bytes) -> Resident:

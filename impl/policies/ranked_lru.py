@@ -10,6 +10,7 @@ keys too: recency can change while a chunk cannot be evicted.
 Victims are found in a heap of ``(rank, key)`` entries that is never updated in place: a rank
 change pushes a new entry and the old one is recognised as stale when it comes up.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -50,8 +51,13 @@ class RankedLRUPolicy(CachePolicy):
     def get(self, key: bytes) -> Resident | None:
         return self.entries.get(key)
 
-    def insert(self, key: bytes, entry: Resident, req: RequestRank | None = None,
-               position: int | None = None) -> None:
+    def insert(
+        self,
+        key: bytes,
+        entry: Resident,
+        req: RequestRank | None = None,
+        position: int | None = None,
+    ) -> None:
         self.entries[key] = entry
         if req is None or position is None:
             self._fresh(key)
@@ -74,8 +80,9 @@ class RankedLRUPolicy(CachePolicy):
             if pos is not None and key in self.entries and self.ranks[key] < (rank, -pos):
                 self._set(key, (rank, -pos))
 
-    def commit(self, order: Sequence[bytes], insertion_only: set[bytes],
-               reused: set[bytes]) -> None:
+    def commit(
+        self, order: Sequence[bytes], insertion_only: set[bytes], reused: set[bytes]
+    ) -> None:
         for key in reversed(order):  # tail first: the head gets the newest rank
             if key in self.entries:
                 self._fresh(key)

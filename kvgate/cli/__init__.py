@@ -31,6 +31,7 @@ The package: ``check``, ``mutants`` and ``listing`` are the subcommands (``kvgat
 one target; ``options`` holds the flags they share and the example database; ``display``
 prints; ``reports`` writes every report file; ``errors`` is what exits 2.
 """
+
 from __future__ import annotations
 
 import os
@@ -49,10 +50,15 @@ __all__ = ["build_machine", "main", "make_parser", "run_one"]
 
 def make_parser() -> Parser:
     from kvgate.replay.command import add_replay_parser
-    parser = Parser(prog="kvgate", description="Gate a KV-cache offloading manager: check it "
-                    "against the reference model with Hypothesis state machines.")
-    sub = parser.add_subparsers(dest="command", metavar="{check,mutants,list,replay}",
-                                parser_class=Parser)
+
+    parser = Parser(
+        prog="kvgate",
+        description="Gate a KV-cache offloading manager: check it "
+        "against the reference model with Hypothesis state machines.",
+    )
+    sub = parser.add_subparsers(
+        dest="command", metavar="{check,mutants,list,replay}", parser_class=Parser
+    )
     check.add_parser(sub)
     mutants.add_parser(sub)
     listing.add_parser(sub)

@@ -1,5 +1,6 @@
 """``kvgate check``: run the machines against the targets, print what they found, write the
 reports asked for. Every path and value is checked before the first run."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,22 +14,41 @@ from kvgate.properties.targets import Target
 from .display import Display, use_rich
 from .options import add_run_options, check_outputs, database_of
 from .reports import write_history, write_junit, write_repro
-from .runs import (KeepProfile, Plan, Run, choose_profile, plan_runs, profile_settings,
-                   resolve_targets, run_one)
+from .runs import (
+    KeepProfile,
+    Plan,
+    Run,
+    choose_profile,
+    plan_runs,
+    profile_settings,
+    resolve_targets,
+    run_one,
+)
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    check = sub.add_parser("check", help="check targets against the model",
-                           description="Check managers against the reference model. Exit 0: "
-                           "every property holds; 1: a counterexample; 2: a usage or target "
-                           "error.")
-    check.add_argument("--target", action="append", metavar="T",
-                       help="target spec, repeatable (default impl; `kvgate list` names them)")
+    check = sub.add_parser(
+        "check",
+        help="check targets against the model",
+        description="Check managers against the reference model. Exit 0: "
+        "every property holds; 1: a counterexample; 2: a usage or target "
+        "error.",
+    )
+    check.add_argument(
+        "--target",
+        action="append",
+        metavar="T",
+        help="target spec, repeatable (default impl; `kvgate list` names them)",
+    )
     add_run_options(check, None)
-    check.add_argument("--repro", metavar="FILE",
-                       help="write the shrunk counterexample as a pytest file")
-    check.add_argument("--history", metavar="FILE",
-                       help="write each run's history (a failing run's counterexample) as "
-                            "JSON lines")
+    check.add_argument(
+        "--repro", metavar="FILE", help="write the shrunk counterexample as a pytest file"
+    )
+    check.add_argument(
+        "--history",
+        metavar="FILE",
+        help="write each run's history (a failing run's counterexample) as JSON lines",
+    )
     check.set_defaults(func=cmd_check)
     return check
 
@@ -39,8 +59,11 @@ def describe_database(args, profile: str) -> str:
     if args.database:
         return f"example database {args.database}"
     db = profile_settings(profile).database
-    return ("no example database (the profile's)" if db is None
-            else f"the profile's example database ({getattr(db, 'path', db)})")
+    return (
+        "no example database (the profile's)"
+        if db is None
+        else f"the profile's example database ({getattr(db, 'path', db)})"
+    )
 
 
 def cmd_check(args) -> int:
@@ -56,12 +79,14 @@ def cmd_check(args) -> int:
     runs: list[Run] = []
     started = time.perf_counter()
     with Display(use_rich(args.progress)) as display, KeepProfile():
-        display.line(f"kvgate check: profile {profile}: each run generates {max_examples} "
-                     f"examples of up to {steps} steps (a failing run then shrinks its "
-                     "counterexample)"
-                     + (f"; seed {args.seed}" if args.seed is not None else "")
-                     + f"; {describe_database(args, profile)}"
-                     + f"; machines: {', '.join(plan.kinds)}; targets: {', '.join(specs)}")
+        display.line(
+            f"kvgate check: profile {profile}: each run generates {max_examples} "
+            f"examples of up to {steps} steps (a failing run then shrinks its "
+            "counterexample)"
+            + (f"; seed {args.seed}" if args.seed is not None else "")
+            + f"; {describe_database(args, profile)}"
+            + f"; machines: {', '.join(plan.kinds)}; targets: {', '.join(specs)}"
+        )
         for line in plan.left_out_lines(specs):
             display.line(line)
         for target in targets:
@@ -69,8 +94,17 @@ def cmd_check(args) -> int:
                 display.line(f"target {target.note}")
         for kind, target in plan.runs:
             tick = display.task(f"{kind} x {target.spec}", max_examples)
-            run = run_one(kind, target, profile, args.seed, args.max_examples, args.steps,
-                          database, args.explain, tick)
+            run = run_one(
+                kind,
+                target,
+                profile,
+                args.seed,
+                args.max_examples,
+                args.steps,
+                database,
+                args.explain,
+                tick,
+            )
             if tick is not None:
                 tick.done()
             runs.append(run)
@@ -81,8 +115,10 @@ def cmd_check(args) -> int:
         if args.repro:
             n = write_repro(args.repro, runs, steps)
             if n:
-                display.line(f"repro: {args.repro} ({n} failing run{'s' * (n > 1)}; "
-                             f"replay with: pytest {args.repro})")
+                display.line(
+                    f"repro: {args.repro} ({n} failing run{'s' * (n > 1)}; "
+                    f"replay with: pytest {args.repro})"
+                )
             else:
                 display.line(f"repro: nothing to write to {args.repro} (no counterexample)")
         if args.history:
@@ -92,8 +128,15 @@ def cmd_check(args) -> int:
             write_junit(args.junit_xml, runs, suite="kvgate check")
             display.line(f"junit: {args.junit_xml}")
         code = exit_code(runs)
-        print_summary(display, runs, targets, time.perf_counter() - started, code,
-                      database is PROFILE_DATABASE or bool(args.database), plan)
+        print_summary(
+            display,
+            runs,
+            targets,
+            time.perf_counter() - started,
+            code,
+            database is PROFILE_DATABASE or bool(args.database),
+            plan,
+        )
     return code
 
 
@@ -150,7 +193,7 @@ def annotated_program(program: Sequence[str], error: BaseException | None) -> li
     for i in range(len(lines) - 1, -1, -1):
         line = lines[i].strip()
         if line.startswith("state.") and not line.startswith("state.teardown("):
-            indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+            indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
             lines.insert(i + 1, indent + comment)
             break
     return lines
@@ -163,8 +206,11 @@ def print_failure(display: Display, run: Run) -> None:
     display.line(r.message)
     diff = _differing(r.history)
     if diff is not None:
-        call = diff.get("args") if diff.get("diverged") else \
-            f"{diff.get('call')}{diff.get('args') or ''}"
+        call = (
+            diff.get("args")
+            if diff.get("diverged")
+            else f"{diff.get('call')}{diff.get('args') or ''}"
+        )
         display.line(f"  call:   {call}")
         display.line(f"  target: {json.dumps(diff.get('target'), default=repr)}")
         display.line(f"  model:  {json.dumps(diff.get('model'), default=repr)}")
@@ -181,46 +227,68 @@ def coverage_lines(runs: Sequence[Run]) -> list[str]:
     for kind in dict.fromkeys(r.machine for r in runs):
         passed = [r.result for r in runs if r.machine == kind and r.status == "PASS"]
         if not passed:
-            out.append(f"coverage ({kind}): not measured (no run passed; a failing run stops "
-                       "at its counterexample)")
+            out.append(
+                f"coverage ({kind}): not measured (no run passed; a failing run stops "
+                "at its counterexample)"
+            )
             continue
         expected = list(dict.fromkeys(label for r in passed for label in r.expected))
-        hit = {label: sum(r.labels.get(label, 0) for r in passed if label in r.expected)
-               for label in expected}
+        hit = {
+            label: sum(r.labels.get(label, 0) for r in passed if label in r.expected)
+            for label in expected
+        }
         missed = [label for label in expected if not hit[label]]
         shown = ", ".join(f"{label} {n}" for label, n in hit.items() if n) or "none"
-        scope = "" if len(passed) == sum(r.machine == kind for r in runs) else \
-            f" (the {len(passed)} passing run{'s' * (len(passed) > 1)})"
-        out.append(f"coverage ({kind}){scope}: {len(expected) - len(missed)}/{len(expected)} "
-                   f"required labels hit: {shown}"
-                   + (f"; not hit: {', '.join(missed)}" if missed else ""))
+        scope = (
+            ""
+            if len(passed) == sum(r.machine == kind for r in runs)
+            else f" (the {len(passed)} passing run{'s' * (len(passed) > 1)})"
+        )
+        out.append(
+            f"coverage ({kind}){scope}: {len(expected) - len(missed)}/{len(expected)} "
+            f"required labels hit: {shown}" + (f"; not hit: {', '.join(missed)}" if missed else "")
+        )
     return out
 
 
 def not_checked_lines(targets: Sequence[Target]) -> list[str]:
     """What each foreign or incomplete target was not checked for, and why."""
-    return [f"not checked for {t.spec}: {'; '.join(parts)}" for t in targets
-            if (parts := t.unchecked())]
+    return [
+        f"not checked for {t.spec}: {'; '.join(parts)}" for t in targets if (parts := t.unchecked())
+    ]
 
 
-def print_summary(display: Display, runs: Sequence[Run], targets: Sequence[Target],
-                  seconds: float, code: int, with_database: bool, plan: Plan) -> None:
+def print_summary(
+    display: Display,
+    runs: Sequence[Run],
+    targets: Sequence[Target],
+    seconds: float,
+    code: int,
+    with_database: bool,
+    plan: Plan,
+) -> None:
     done = [r.result for r in runs if r.result is not None]
     kinds = list(dict.fromkeys(r.machine for r in runs))
-    total = {k: sum(r.phases.get(k, 0) for r in done)
-             for k in ("generated", "reused", "shrinking")}
-    display.line(f"summary: {len(runs)} run{'s' * (len(runs) != 1)}; machines: "
-                 f"{', '.join(kinds)}; {sum(r.examples for r in done)} examples "
-                 f"({total['generated']} new, {total['reused']} from the example database, "
-                 f"{total['shrinking']} while shrinking); {sum(r.steps for r in done)} steps; "
-                 f"{seconds:.1f}s")
+    total = {k: sum(r.phases.get(k, 0) for r in done) for k in ("generated", "reused", "shrinking")}
+    display.line(
+        f"summary: {len(runs)} run{'s' * (len(runs) != 1)}; machines: "
+        f"{', '.join(kinds)}; {sum(r.examples for r in done)} examples "
+        f"({total['generated']} new, {total['reused']} from the example database, "
+        f"{total['shrinking']} while shrinking); {sum(r.steps for r in done)} steps; "
+        f"{seconds:.1f}s"
+    )
     if total["reused"] and with_database:
-        display.line(f"note: {total['reused']} examples were replayed from the example "
-                     "database (earlier failures and their neighbours); --no-database "
-                     "searches afresh")
+        display.line(
+            f"note: {total['reused']} examples were replayed from the example "
+            "database (earlier failures and their neighbours); --no-database "
+            "searches afresh"
+        )
     specs = [t.spec for t in targets]
     for line in plan.left_out_lines(specs) + coverage_lines(runs) + not_checked_lines(targets):
         display.line(line)
-    verdict = {0: "every property holds", 1: "counterexample found",
-               2: "a target could not be checked"}[code]
+    verdict = {
+        0: "every property holds",
+        1: "counterexample found",
+        2: "a target could not be checked",
+    }[code]
     display.line(f"result: {verdict} (exit {code})")

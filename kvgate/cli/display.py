@@ -1,4 +1,5 @@
 """Where the commands print: progress on a terminal (rich), plain lines otherwise (CI, pipes)."""
+
 from __future__ import annotations
 
 import os
@@ -16,6 +17,7 @@ class Display:
         self._console = None
         if rich_progress:
             from rich.console import Console
+
             self._console = Console(file=self.stream, highlight=False)
 
     def __enter__(self):
@@ -28,9 +30,16 @@ class Display:
                 TextColumn,
                 TimeElapsedColumn,
             )
-            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
-                                      BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                      console=self._console, transient=True)
+
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self._console,
+                transient=True,
+            )
             self._progress.__enter__()
         return self
 
@@ -53,6 +62,7 @@ class Display:
         console = self._rich_console()
         if console is not None:
             from rich.table import Table
+
             table = Table(*head)
             for row in body:
                 table.add_row(*row)
@@ -73,9 +83,11 @@ class Display:
 
         def tick():
             count[0] += 1
-            progress.update(task, completed=min(count[0], total),
-                            description=description if count[0] <= total
-                            else f"{description} (shrinking)")
+            progress.update(
+                task,
+                completed=min(count[0], total),
+                description=description if count[0] <= total else f"{description} (shrinking)",
+            )
 
         def done():
             progress.remove_task(task)

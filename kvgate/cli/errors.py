@@ -1,5 +1,6 @@
 """What ends a command with exit 2 and one line: usage errors, and argparse's errors on one
 line."""
+
 from __future__ import annotations
 
 import argparse

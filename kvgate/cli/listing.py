@@ -1,4 +1,5 @@
 """``kvgate list``: the targets, catalogued variants, machines and profiles."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,20 +29,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def machine_lines() -> list[str]:
     """Each machine: what it drives, the targets it is for, and why it cannot run here."""
     width = max(len(name) for name in MACHINES) + 2
-    out = ["machines (--machine; without it `kvgate check` runs every machine below that "
-           "applies to the target and can run here):"]
+    out = [
+        "machines (--machine; without it `kvgate check` runs every machine below that "
+        "applies to the target and can run here):"
+    ]
     for m in MACHINES.values():
         why = m.unavailable()
-        out.append(f"  {m.name:<{width}}{m.what}; for {m.targets}"
-                   + (f"; unavailable here: {why}" if why else ""))
-    out.append(f"  {'all':<{width}}every machine that applies (what `kvgate check` runs "
-               "without --machine; `kvgate mutants` runs manager unless told)")
+        out.append(
+            f"  {m.name:<{width}}{m.what}; for {m.targets}"
+            + (f"; unavailable here: {why}" if why else "")
+        )
+    out.append(
+        f"  {'all':<{width}}every machine that applies (what `kvgate check` runs "
+        "without --machine; `kvgate mutants` runs manager unless told)"
+    )
     return out
 
 
 def cmd_list(args) -> int:
     from kvgate.properties.mutants import MUTANTS
     from kvgate.properties.vllm_adapter import VLLM_MANAGER
+
     now = choose_profile(None)
     out = ["targets:"]
     out += [f"  {spec:<22} {what}" for spec, what in TARGET_KINDS]
@@ -56,7 +64,9 @@ def cmd_list(args) -> int:
         importlib.import_module(VLLM_MANAGER)
         out.append("vllm: importable")
     except Exception as exc:
-        out.append(f"vllm: not importable ({type(exc).__name__}); `kvgate check --target vllm` "
-                   "says how to install it")
+        out.append(
+            f"vllm: not importable ({type(exc).__name__}); `kvgate check --target vllm` "
+            "says how to install it"
+        )
     print("\n".join(out))
     return 0

@@ -1,4 +1,5 @@
 """The options ``check`` and ``mutants`` share, and the example database they name."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,31 +18,59 @@ OUTPUT_FLAGS = (("--repro", "repro"), ("--history", "history"), ("--junit-xml", 
 
 def add_run_options(p: argparse.ArgumentParser, machines_default: str | None) -> None:
     """``machines_default`` None: every machine that applies to the target."""
-    default = (machines_default or "every machine that applies to the target and can run "
-               "here; `kvgate list` says which")
-    p.add_argument("--machine", choices=(*MACHINES, "all"), default=machines_default,
-                   help=f"which machine checks the target (default: {default}; all: every "
-                        "machine that applies; manager: the quick path)")
-    p.add_argument("--profile", choices=PROFILES, default=None,
-                   help="Hypothesis profile (default: $HYPOTHESIS_PROFILE, else ci when $CI "
-                        "is set, else dev)")
+    default = (
+        machines_default
+        or "every machine that applies to the target and can run here; `kvgate list` says which"
+    )
+    p.add_argument(
+        "--machine",
+        choices=(*MACHINES, "all"),
+        default=machines_default,
+        help=f"which machine checks the target (default: {default}; all: every "
+        "machine that applies; manager: the quick path)",
+    )
+    p.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default=None,
+        help="Hypothesis profile (default: $HYPOTHESIS_PROFILE, else ci when $CI is set, else dev)",
+    )
     p.add_argument("--seed", type=int, help="seed the search (repeats a dev run)")
-    p.add_argument("--max-examples", type=positive, metavar="N",
-                   help="examples per run (default: the profile's)")
-    p.add_argument("--steps", type=positive, metavar="N",
-                   help="steps per example (default: the profile's stateful_step_count)")
+    p.add_argument(
+        "--max-examples",
+        type=positive,
+        metavar="N",
+        help="examples per run (default: the profile's)",
+    )
+    p.add_argument(
+        "--steps",
+        type=positive,
+        metavar="N",
+        help="steps per example (default: the profile's stateful_step_count)",
+    )
     db = p.add_mutually_exclusive_group()
-    db.add_argument("--database", metavar="DIR|redis://HOST:PORT",
-                    default=os.environ.get("KVGATE_DATABASE") or None,
-                    help="Hypothesis example database to share failures through: a directory "
-                         "(shared or local) or Redis (default: $KVGATE_DATABASE, else the "
-                         "profile's)")
-    db.add_argument("--no-database", action="store_true",
-                    help="no example database: search afresh, replay and save nothing")
-    p.add_argument("--explain", action="store_true",
-                   help="run Hypothesis's explain phase on a failure (slow)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress display (default: on a terminal, not under CI)")
+    db.add_argument(
+        "--database",
+        metavar="DIR|redis://HOST:PORT",
+        default=os.environ.get("KVGATE_DATABASE") or None,
+        help="Hypothesis example database to share failures through: a directory "
+        "(shared or local) or Redis (default: $KVGATE_DATABASE, else the "
+        "profile's)",
+    )
+    db.add_argument(
+        "--no-database",
+        action="store_true",
+        help="no example database: search afresh, replay and save nothing",
+    )
+    p.add_argument(
+        "--explain", action="store_true", help="run Hypothesis's explain phase on a failure (slow)"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress display (default: on a terminal, not under CI)",
+    )
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report")
 
 
@@ -64,8 +93,9 @@ def open_database(spec: str):
             import redis
             from hypothesis.extra.redis import RedisExampleDatabase
         except ImportError:
-            raise UsageError(f"--database {spec}: needs the redis client "
-                             "(pip install 'kvgate[redis]')") from None
+            raise UsageError(
+                f"--database {spec}: needs the redis client (pip install 'kvgate[redis]')"
+            ) from None
         client = redis.Redis.from_url(spec, socket_connect_timeout=5)
         try:
             client.ping()
@@ -74,6 +104,7 @@ def open_database(spec: str):
             raise UsageError(f"--database {spec}: cannot reach it: {text}") from None
         return RedisExampleDatabase(client)
     from hypothesis.database import DirectoryBasedExampleDatabase
+
     try:
         check_directory("--database", spec)
     except OutputError as exc:

@@ -5,6 +5,7 @@ mean), and one machine checking one target under a profile (``run_one``).
 
 ``run_one`` never raises for a counterexample or a target error: both end up in the ``Run``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -26,6 +27,7 @@ from .errors import UsageError, one_line
 
 # --------------------------------------------------------------------------- the machines
 
+
 @dataclass(frozen=True)
 class Machine:
     """One machine the gate can run: how to build it for a target, the targets it is for,
@@ -42,11 +44,13 @@ class Machine:
 
 def _manager(target: Target):
     from kvgate.properties.manager_machine import make_machine
+
     return make_machine(target)
 
 
 def _scheduler(target: Target):
     from kvgate.properties.scheduler_machine import make_machine
+
     return make_machine(target)
 
 
@@ -69,6 +73,7 @@ def _said(exc: BaseException) -> str:
 def _vllm_missing() -> str | None:
     """Why the installed vLLM cannot be used, or None."""
     from kvgate.properties.vllm_adapter import VLLM_MANAGER
+
     try:
         importlib.import_module(VLLM_MANAGER)
     except Exception as exc:
@@ -92,22 +97,37 @@ def _vllm_scheduler_unavailable() -> str | None:
 
 
 def _vllm_install() -> str:
-    """How to install a release (SPEC section 10), when vLLM is what is missing."""
+    """How to install a release (spec §10), when vLLM is what is missing."""
     from kvgate.properties.vllm_adapter import INSTALL_HINT
+
     return INSTALL_HINT if _vllm_missing() else ""
 
 
-MACHINES: dict[str, Machine] = {m.name: m for m in (
-    Machine("manager", "manager vs model in lockstep, call by call (the quick path)", _manager),
-    Machine("scheduler", "requests through kvgate's scheduler driver, every manager call "
-            "checked", _scheduler),
-    Machine("vllm-scheduler", "requests through vLLM's own scheduler and offloading "
-            "connector, every manager call checked", _vllm_scheduler,
+MACHINES: dict[str, Machine] = {
+    m.name: m
+    for m in (
+        Machine("manager", "manager vs model in lockstep, call by call (the quick path)", _manager),
+        Machine(
+            "scheduler",
+            "requests through kvgate's scheduler driver, every manager call checked",
+            _scheduler,
+        ),
+        Machine(
+            "vllm-scheduler",
+            "requests through vLLM's own scheduler and offloading "
+            "connector, every manager call checked",
+            _vllm_scheduler,
             targets="vllm and vllm=MODULE:ATTR targets",
-            not_for=lambda t: None if _is_vllm_target(t) else
-            "it drives vLLM's own scheduler, so only vllm and vllm=MODULE:ATTR targets",
-            unavailable=_vllm_scheduler_unavailable, install=_vllm_install),
-)}
+            not_for=lambda t: (
+                None
+                if _is_vllm_target(t)
+                else "it drives vLLM's own scheduler, so only vllm and vllm=MODULE:ATTR targets"
+            ),
+            unavailable=_vllm_scheduler_unavailable,
+            install=_vllm_install,
+        ),
+    )
+}
 
 
 def build_machine(kind: str, target: Target):
@@ -147,13 +167,16 @@ def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
         why = machine.unavailable()
         if why:
             hint = machine.install()
-            raise UsageError(f"--machine {choice}: cannot run here: {why}"
-                             + (f"; {hint}" if hint and hint not in why else ""))
+            raise UsageError(
+                f"--machine {choice}: cannot run here: {why}"
+                + (f"; {hint}" if hint and hint not in why else "")
+            )
         for target in targets:
             why = machine.not_for(target)
             if why:
-                raise UsageError(f"--machine {choice} does not apply to target "
-                                 f"{target.spec}: {why}")
+                raise UsageError(
+                    f"--machine {choice} does not apply to target {target.spec}: {why}"
+                )
     runs = []
     left: dict[tuple[str, str], list[str]] = {}
     available: dict[str, str | None] = {}
@@ -167,7 +190,8 @@ def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
                     available[m.name] = m.unavailable()
                 why = available[m.name] and (
                     f"unavailable here: {available[m.name]}"
-                    + (f"; --machine {m.name} says how to install it" if m.install() else ""))
+                    + (f"; --machine {m.name} says how to install it" if m.install() else "")
+                )
             if why:
                 left.setdefault((m.name, why), []).append(target.spec)
             else:
@@ -183,8 +207,10 @@ def choose_profile(flag: str | None) -> str:
     try:
         return default_profile()
     except ValueError:
-        raise UsageError(f"HYPOTHESIS_PROFILE={os.environ.get('HYPOTHESIS_PROFILE')!r}: not a "
-                         f"profile; one of {', '.join(PROFILES)}") from None
+        raise UsageError(
+            f"HYPOTHESIS_PROFILE={os.environ.get('HYPOTHESIS_PROFILE')!r}: not a "
+            f"profile; one of {', '.join(PROFILES)}"
+        ) from None
 
 
 def profile_settings(profile: str) -> Settings:
@@ -263,9 +289,16 @@ class MutantResult:
     @classmethod
     def of(cls, name: str, run: Run) -> MutantResult:
         r = run.result
-        return cls(name, run.machine, run.status,
-                   r.shrunk_steps if run.status == "FAIL" else None, r.examples, r.seconds,
-                   run.message, list(r.program))
+        return cls(
+            name,
+            run.machine,
+            run.status,
+            r.shrunk_steps if run.status == "FAIL" else None,
+            r.examples,
+            r.seconds,
+            run.message,
+            list(r.program),
+        )
 
 
 def _watched(machine_cls, on_example: Callable[[], None] | None):
@@ -281,19 +314,30 @@ def _watched(machine_cls, on_example: Callable[[], None] | None):
     return Watched
 
 
-def run_one(kind: str, target: Target, profile: str, seed: int | None,
-            max_examples: int | None, steps: int | None, database=PROFILE_DATABASE,
-            explain: bool = False, on_example: Callable[[], None] | None = None) -> Run:
+def run_one(
+    kind: str,
+    target: Target,
+    profile: str,
+    seed: int | None,
+    max_examples: int | None,
+    steps: int | None,
+    database=PROFILE_DATABASE,
+    explain: bool = False,
+    on_example: Callable[[], None] | None = None,
+) -> Run:
     """Run one machine against one target. ``database``: an example database, ``None`` for
     none, by default the profile's."""
     run = Run(kind, target.spec, target.foreign)
     machine = _watched(build_machine(kind, target), on_example)
-    overrides: dict[str, Any] = {"print_blob": True,
-                                 "phases": PHASES + ((Phase.explain,) if explain else ())}
+    overrides: dict[str, Any] = {
+        "print_blob": True,
+        "phases": PHASES + ((Phase.explain,) if explain else ()),
+    }
     if steps is not None:
         overrides["stateful_step_count"] = steps
-    result = run_machine(machine, profile, seed=seed, max_examples=max_examples,
-                         database=database, **overrides)
+    result = run_machine(
+        machine, profile, seed=seed, max_examples=max_examples, database=database, **overrides
+    )
     run.result = result
     error = result.error
     if isinstance(error, TargetError):

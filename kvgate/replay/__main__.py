@@ -1,4 +1,5 @@
 """``python -m kvgate.replay``: the same as ``kvgate replay``."""
+
 import sys
 
 from kvgate.replay.command import main_replay

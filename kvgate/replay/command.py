@@ -1,5 +1,6 @@
 """The command line of ``kvgate replay`` (and ``python -m kvgate.replay``): flags to settings,
 the runs, and the report written where asked."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,59 +34,106 @@ COUNTS = (
     ("--store-delay", positive, "store_delay", "steps until a store job completes"),
     ("--load-delay", positive, "load_delay", "steps until a load job completes"),
     ("--reset-every", non_negative, "reset_every", "reset the cache every N steps; 0: never"),
-    ("--fail-every", non_negative, "fail_every",
-     "make every N-th store job's copy fail; 0: none"),
+    ("--fail-every", non_negative, "fail_every", "make every N-th store job's copy fail; 0: none"),
 )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = ReplaySettings()
     p.add_argument("trace", help="a JSONL request trace (Mooncake format)")
-    p.add_argument("--target", action="extend", nargs="+", metavar="SPEC",
-                   help="targets to replay against (impl, impl:arc, mutant:NAME, vllm, ...); "
-                        "default impl")
-    p.add_argument("--threshold", action="extend", nargs="+", type=non_negative, metavar="T",
-                   help=f"store_threshold values (default {d.store_threshold})")
-    p.add_argument("--num-chunks", action="extend", nargs="+", type=positive, metavar="N",
-                   help=f"CPU tier sizes in chunks (default {d.num_chunks})")
-    p.add_argument("--policy", choices=("lru", "arc"), help="cache policy (default: the "
-                   "target's first: lru for impl, arc for impl:arc)")
+    p.add_argument(
+        "--target",
+        action="extend",
+        nargs="+",
+        metavar="SPEC",
+        help="targets to replay against (impl, impl:arc, mutant:NAME, vllm, ...); default impl",
+    )
+    p.add_argument(
+        "--threshold",
+        action="extend",
+        nargs="+",
+        type=non_negative,
+        metavar="T",
+        help=f"store_threshold values (default {d.store_threshold})",
+    )
+    p.add_argument(
+        "--num-chunks",
+        action="extend",
+        nargs="+",
+        type=positive,
+        metavar="N",
+        help=f"CPU tier sizes in chunks (default {d.num_chunks})",
+    )
+    p.add_argument(
+        "--policy",
+        choices=("lru", "arc"),
+        help="cache policy (default: the target's first: lru for impl, arc for impl:arc)",
+    )
     for flag, kind, field, what in COUNTS:
-        p.add_argument(flag, type=kind, default=getattr(d, field),
-                       help=f"{what} (default %(default)s)")
-    p.add_argument("--worker", choices=("null", "copy"), default=d.worker,
-                   help="null: jobs complete after the delays, no bytes; copy: the GPU-copy "
-                        "worker moves real bytes (complete when copied; implies --verify) "
-                        "(default %(default)s)")
-    p.add_argument("--device", default=d.device,
-                   help="the copy worker's device, e.g. cuda (default %(default)s)")
-    p.add_argument("--verify", action="store_true",
-                   help="check that loads bring their blocks' data and stored chunks hold "
-                        "their keys' data")
-    p.add_argument("--ms-per-step", type=float, default=d.ms_per_step,
-                   help="> 0: requests arrive by timestamp, one step = this many ms; "
-                        "0: in trace order as running slots free up (default %(default)s)")
+        p.add_argument(
+            flag, type=kind, default=getattr(d, field), help=f"{what} (default %(default)s)"
+        )
+    p.add_argument(
+        "--worker",
+        choices=("null", "copy"),
+        default=d.worker,
+        help="null: jobs complete after the delays, no bytes; copy: the GPU-copy "
+        "worker moves real bytes (complete when copied; implies --verify) "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--device",
+        default=d.device,
+        help="the copy worker's device, e.g. cuda (default %(default)s)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="check that loads bring their blocks' data and stored chunks hold their keys' data",
+    )
+    p.add_argument(
+        "--ms-per-step",
+        type=float,
+        default=d.ms_per_step,
+        help="> 0: requests arrive by timestamp, one step = this many ms; "
+        "0: in trace order as running slots free up (default %(default)s)",
+    )
     p.add_argument("--limit", type=positive, help="replay only the first N requests")
-    p.add_argument("--check", action="store_true",
-                   help="check every manager call against the model; stop at the first "
-                        "divergence")
-    p.add_argument("--format", choices=("text", "md", "json"), default="text",
-                   help="report format (default %(default)s)")
-    p.add_argument("--plot", metavar="FILE.png",
-                   help="plot hit rate and cold admissions against tier size")
-    p.add_argument("--jobs", type=positive, default=1,
-                   help="runs in parallel processes (default %(default)s)")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                   help="progress bar (default: when stderr is a terminal)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check every manager call against the model; stop at the first divergence",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "md", "json"),
+        default="text",
+        help="report format (default %(default)s)",
+    )
+    p.add_argument(
+        "--plot", metavar="FILE.png", help="plot hit rate and cold admissions against tier size"
+    )
+    p.add_argument(
+        "--jobs", type=positive, default=1, help="runs in parallel processes (default %(default)s)"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar (default: when stderr is a terminal)",
+    )
     p.add_argument("--out", metavar="FILE", help="also write the report to FILE")
     p.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
     return p
 
 
 def add_replay_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("replay", help="replay a request trace through the scheduler",
-                              description=DESCRIPTION,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a request trace through the scheduler",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     p.set_defaults(func=run_replay)
     return p
@@ -93,13 +141,22 @@ def add_replay_parser(subparsers) -> argparse.ArgumentParser:
 
 def _runs(args) -> list[tuple[str, ReplaySettings]]:
     counts = {field: getattr(args, flag[2:].replace("-", "_")) for flag, _, field, _ in COUNTS}
-    base = ReplaySettings(**counts, policy=args.policy, worker=args.worker, device=args.device,
-                          verify=args.verify, ms_per_step=args.ms_per_step, limit=args.limit)
+    base = ReplaySettings(
+        **counts,
+        policy=args.policy,
+        worker=args.worker,
+        device=args.device,
+        verify=args.verify,
+        ms_per_step=args.ms_per_step,
+        limit=args.limit,
+    )
     targets = args.target or ["impl"]
     thresholds = args.threshold or [base.store_threshold]
     sizes = args.num_chunks or [base.num_chunks]
-    return [(t, replace(base, store_threshold=th, num_chunks=n))
-            for t, th, n in itertools.product(targets, thresholds, sizes)]
+    return [
+        (t, replace(base, store_threshold=th, num_chunks=n))
+        for t, th, n in itertools.product(targets, thresholds, sizes)
+    ]
 
 
 def _run_one(trace_path: str, target: str, settings: ReplaySettings, check: bool):
@@ -125,9 +182,16 @@ class _Progress:
                 TimeElapsedColumn,
                 TimeRemainingColumn,
             )
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 console=Console(stderr=True), transient=True)
+
+            self._bar = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._bar.__enter__()
         return self
 
@@ -150,24 +214,27 @@ def check_device(args) -> None:
     """``--device`` names a torch device this torch can use, and only with the copy worker."""
     if args.worker != "copy":
         if args.device != ReplaySettings().device:
-            raise ReplayUsageError(f"--device {args.device}: only the copy worker uses a device "
-                                   "(add --worker copy)")
+            raise ReplayUsageError(
+                f"--device {args.device}: only the copy worker uses a device (add --worker copy)"
+            )
         return
     import torch
+
     try:
         device = torch.device(args.device)
     except (RuntimeError, ValueError):
-        raise ReplayUsageError(f"--device {args.device}: not a torch device (e.g. cpu, cuda, "
-                               "cuda:1)") from None
+        raise ReplayUsageError(
+            f"--device {args.device}: not a torch device (e.g. cpu, cuda, cuda:1)"
+        ) from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ReplayUsageError(f"--device {args.device}: this torch ({torch.__version__}) has "
-                               "no usable CUDA device")
+        raise ReplayUsageError(
+            f"--device {args.device}: this torch ({torch.__version__}) has no usable CUDA device"
+        )
     try:
         torch.empty(1, device=device)
     except Exception as exc:  # any backend refusal is this one line
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ReplayUsageError(f"--device {args.device}: cannot allocate there: {first}") \
-            from None
+        raise ReplayUsageError(f"--device {args.device}: cannot allocate there: {first}") from None
 
 
 def check_args(args):
@@ -197,8 +264,10 @@ def run_replay(args) -> int:
     try:
         runs, resolved, trace = check_args(args)
     except (ReplayTargetError, ReplayUsageError, OutputError, PlotUnavailable, TraceError) as e:
-        print(f"kvgate replay: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-              file=sys.stderr)
+        print(
+            f"kvgate replay: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
+            file=sys.stderr,
+        )
         return 2
     show = sys.stderr.isatty() if args.progress is None else args.progress
     reports: list[ReplayReport] = []
@@ -207,8 +276,10 @@ def run_replay(args) -> int:
             done_cb = bar.task(f"{len(runs)} replays", len(runs))
             by_index: dict[int, ReplayReport] = {}
             with ProcessPoolExecutor(args.jobs) as pool:
-                futures = {pool.submit(_run_one, args.trace, t, s, args.check): i
-                           for i, (t, s) in enumerate(runs)}
+                futures = {
+                    pool.submit(_run_one, args.trace, t, s, args.check): i
+                    for i, (t, s) in enumerate(runs)
+                }
                 for fut in as_completed(futures):
                     by_index[futures[fut]] = fut.result()
                     if done_cb:
@@ -226,8 +297,10 @@ def run_replay(args) -> int:
         text = format_table(reports, args.format)
         for r in reports:
             if r.divergence:
-                text += f"\n\n{r.target} T={r.settings.store_threshold} " \
-                        f"chunks={r.settings.num_chunks}: {r.divergence}"
+                text += (
+                    f"\n\n{r.target} T={r.settings.store_threshold} "
+                    f"chunks={r.settings.num_chunks}: {r.divergence}"
+                )
     print(text)
     try:
         write_outputs(args, text, reports)
@@ -249,7 +322,10 @@ def write_outputs(args, text: str, reports: Sequence[ReplayReport]) -> None:
 
 
 def main_replay(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvgate replay", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="kvgate replay",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     return run_replay(parser.parse_args(argv))

@@ -16,7 +16,7 @@ every that many-th store copy fail. Every parameter is a flag.
 
 The report per run: requests, offers, admissions, cold admissions (chunks admitted while fewer
 than ``store_threshold`` distinct requests had offered them; a reset starts the requests'
-offers over, as SPEC A7 starts their counting over), skips (the manager's metric), allocation
+offers over, as spec A7 starts their counting over), skips (the manager's metric), allocation
 failures, preemptions, evictions, and the CPU tier's prefix hit rate (at each request's first
 admission: the chunks its lookup hit over the chunks it could have loaded). Store accounting:
 admitted = completed + failed + dropped by a reset + still in flight.
@@ -30,6 +30,7 @@ This module is the engine (settings, the loop, the report's figures); ``kvgate.r
 formats reports as tables and JSON, ``kvgate.replay.plot`` draws them, and
 ``kvgate.replay.command`` is the command line.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,6 +47,7 @@ from kvgate.properties.targets import resolve_target
 
 # --------------------------------------------------------------------------- targets
 
+
 class ReplayTargetError(Exception):
     """A target that cannot be resolved or built."""
 
@@ -59,6 +61,7 @@ def resolve(spec: str):
 
 
 # --------------------------------------------------------------------------- settings, report
+
 
 @dataclass(frozen=True)
 class ReplaySettings:
@@ -126,25 +129,38 @@ class ReplayReport:
         return d
 
     def accounting_ok(self) -> bool:
-        return self.admitted == (self.stores_completed + self.stores_failed + self.stores_stale
-                                 + self.stores_in_flight)
+        return self.admitted == (
+            self.stores_completed + self.stores_failed + self.stores_stale + self.stores_in_flight
+        )
 
 
 # --------------------------------------------------------------------------- the replay
+
 
 def make_worker(s: ReplaySettings, verify: bool):
     """The worker ``s.worker`` names: the copy worker on ``s.device``, else the null worker."""
     if s.worker == "copy":
         from kvgate.properties.tagged_worker import TaggedCopyWorker
+
         return TaggedCopyWorker(s.gpu_blocks, s.num_chunks, s.blocks_per_chunk, device=s.device)
-    return NullWorker(delay=s.store_delay, blocks_per_chunk=s.blocks_per_chunk,
-                      load_delay=s.load_delay, fail_every=s.fail_every, track_data=verify)
+    return NullWorker(
+        delay=s.store_delay,
+        blocks_per_chunk=s.blocks_per_chunk,
+        load_delay=s.load_delay,
+        fail_every=s.fail_every,
+        track_data=verify,
+    )
 
 
-def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
-           settings: ReplaySettings = ReplaySettings(), *, check: bool = False,
-           progress: Callable[[int, int], None] | None = None,
-           worker: Any | None = None) -> ReplayReport:
+def replay(
+    trace: Sequence[TraceRequest],
+    target: str | Any = "impl",
+    settings: ReplaySettings = ReplaySettings(),
+    *,
+    check: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    worker: Any | None = None,
+) -> ReplayReport:
     """Replay ``trace`` against ``target`` (a spec or a resolved target) under ``settings``.
     ``worker``: a worker to use instead of the one ``settings.worker`` names."""
     s = settings
@@ -152,31 +168,46 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
     policy = s.policy or tgt.policies[0]
     s = replace(s, policy=policy)
     if s.limit is not None:
-        trace = trace[:s.limit]
+        trace = trace[: s.limit]
     recency = tgt.recencies[0]
-    manager = tgt.make(Config(s.num_chunks, policy, s.store_threshold, s.max_tracker_size,
-                              True, recency))
+    manager = tgt.make(
+        Config(s.num_chunks, policy, s.store_threshold, s.max_tracker_size, True, recency)
+    )
     oracle = None
     if check:
         from kvgate.model.cache import Model
-        oracle = LockstepManager(manager, Model(s.num_chunks, policy, s.store_threshold,
-                                                s.max_tracker_size, recency),
-                                 foreign=getattr(tgt, "foreign", False))
+
+        oracle = LockstepManager(
+            manager,
+            Model(s.num_chunks, policy, s.store_threshold, s.max_tracker_size, recency),
+            foreign=getattr(tgt, "foreign", False),
+        )
         manager = oracle
     verify = s.verify or s.worker == "copy"
     if worker is None:
         worker = make_worker(s, verify)
-    audit = Audit(manager, worker, s.store_threshold, s.blocks_per_chunk, data=verify,
-                  offers=None if oracle is None else oracle.offers)
+    audit = Audit(
+        manager,
+        worker,
+        s.store_threshold,
+        s.blocks_per_chunk,
+        data=verify,
+        offers=None if oracle is None else oracle.offers,
+    )
 
     def on_step(step: int) -> None:
         audit.set_step(step)
         if oracle is not None:
             oracle.set_step(step)
 
-    sched = audit.driver(block_size=s.block_size, blocks_per_chunk=s.blocks_per_chunk,
-                         num_gpu_blocks=s.gpu_blocks, max_running=s.max_running,
-                         max_tokens_per_step=s.prefill_tokens, on_step=on_step)
+    sched = audit.driver(
+        block_size=s.block_size,
+        blocks_per_chunk=s.blocks_per_chunk,
+        num_gpu_blocks=s.gpu_blocks,
+        max_running=s.max_running,
+        max_tokens_per_step=s.prefill_tokens,
+        on_step=on_step,
+    )
     report = ReplayReport(getattr(tgt, "spec", str(target)), s, checked=check)
     total = len(trace)
     started = time.perf_counter()
@@ -206,10 +237,26 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
         progress(sched.counters.finished, total)
     c = sched.counters
     report.cold_admissions = audit.cold_admissions
-    for name in ("requests", "finished", "steps", "offers", "admitted",
-                 "skips", "allocation_failures", "retries", "finish_retries", "preemptions",
-                 "evictions", "resets", "stores_completed", "stores_failed", "stores_stale",
-                 "loads", "prefix_chunks", "prefix_hits"):
+    for name in (
+        "requests",
+        "finished",
+        "steps",
+        "offers",
+        "admitted",
+        "skips",
+        "allocation_failures",
+        "retries",
+        "finish_retries",
+        "preemptions",
+        "evictions",
+        "resets",
+        "stores_completed",
+        "stores_failed",
+        "stores_stale",
+        "loads",
+        "prefix_chunks",
+        "prefix_hits",
+    ):
         setattr(report, name, getattr(c, name))
     report.stores_in_flight = c.stores_in_flight()
     if verify:
@@ -217,6 +264,7 @@ def replay(trace: Sequence[TraceRequest], target: str | Any = "impl",
         report.data_errors = len(errors)
         report.data_error_examples = errors[:5]
     report.hit_rate = c.hit_rate
-    report.cold_examples = [f"step {st}: {fmt_key(k)} offered by {n}"
-                            for st, k, n in audit.cold[:5]]
+    report.cold_examples = [
+        f"step {st}: {fmt_key(k)} offered by {n}" for st, k, n in audit.cold[:5]
+    ]
     return report

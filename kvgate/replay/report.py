@@ -1,5 +1,5 @@
-"""A replay's report as text: one run's figures, a comparison table (text or Markdown), JSON.
-"""
+"""A replay's report as text: one run's figures, a comparison table (text or Markdown), JSON."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +8,22 @@ from pathlib import Path
 
 from .engine import ReplayReport, ReplaySettings
 
-COLUMNS = (("target", "target"), ("policy", "policy"), ("T", "store_threshold"),
-           ("chunks", "num_chunks"), ("requests", "requests"), ("offers", "offers"),
-           ("admitted", "admitted"), ("cold", "cold_admissions"), ("skips", "skips"),
-           ("alloc fail", "allocation_failures"), ("preempt", "preemptions"),
-           ("evictions", "evictions"), ("hit rate", "hit_rate"), ("s", "seconds"))
+COLUMNS = (
+    ("target", "target"),
+    ("policy", "policy"),
+    ("T", "store_threshold"),
+    ("chunks", "num_chunks"),
+    ("requests", "requests"),
+    ("offers", "offers"),
+    ("admitted", "admitted"),
+    ("cold", "cold_admissions"),
+    ("skips", "skips"),
+    ("alloc fail", "allocation_failures"),
+    ("preempt", "preemptions"),
+    ("evictions", "evictions"),
+    ("hit rate", "hit_rate"),
+    ("s", "seconds"),
+)
 
 
 def _cell(report: ReplayReport, attr: str) -> str:
@@ -44,15 +55,18 @@ def format_table(reports: Sequence[ReplayReport], fmt: str = "text") -> str:
     head = [name for name, _ in COLUMNS]
     rows = table_rows(reports)
     if fmt == "md":
-        out = ["| " + " | ".join(head) + " |",
-               "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
+        out = [
+            "| " + " | ".join(head) + " |",
+            "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|",
+        ]
         out += ["| " + " | ".join(row) + " |" for row in rows]
         return "\n".join(out)
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(head)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        )
 
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
@@ -80,12 +94,19 @@ def format_report(r: ReplayReport) -> str:
         f"chunks; {r.loads:,} loaded)",
     ]
     if r.checked:
-        lines.append("  lockstep check      " + ("DIVERGED" if r.divergence else
-                                                 "every manager call agreed with the model"))
+        lines.append(
+            "  lockstep check      "
+            + ("DIVERGED" if r.divergence else "every manager call agreed with the model")
+        )
     if r.data_errors is not None:
-        lines.append(f"  data                {r.data_errors} error(s)" + (
-            "" if r.data_errors else ": every load brought its blocks, every stored chunk "
-            "holds its key's blocks"))
+        lines.append(
+            f"  data                {r.data_errors} error(s)"
+            + (
+                ""
+                if r.data_errors
+                else ": every load brought its blocks, every stored chunk holds its key's blocks"
+            )
+        )
         lines += [f"  data error: {e}" for e in r.data_error_examples]
     if r.divergence:
         lines.append(r.divergence)

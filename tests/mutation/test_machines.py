@@ -11,6 +11,7 @@ These runs duplicate part of tests/test_manager_machine.py and tests/test_schedu
 normal suite leaves this folder out (``norecursedirs`` in pyproject.toml); ``pytest
 tests/mutation`` runs it.
 """
+
 from __future__ import annotations
 
 import os

@@ -4,6 +4,7 @@
 The selection: the worker machine on impl's ``OffloadWorker``, CPU tensors. Settings as in
 test_machines.py: the ``ci`` profile, derandomized, no shrinking.
 """
+
 from __future__ import annotations
 
 import os
