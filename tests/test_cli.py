@@ -74,6 +74,7 @@ def failing(tmp_path_factory):
                 "impl",
                 "--target",
                 FAILING,
+                "--keep-going",
                 "--repro",
                 str(files["repro"]),
                 "--history",
@@ -210,6 +211,18 @@ def test_progress_display_can_be_forced(capsys):
 
 
 # --------------------------------------------------------------------------- exit 1
+
+
+def test_a_target_that_failed_runs_no_further_machine_unless_asked(capsys):
+    """The verdict is known at a target's first counterexample: its later machines are left
+    out, and the summary says so and how to run them (the fixture above uses --keep-going)."""
+    code, out, _ = check(capsys, "--target", FAILING)
+    assert code == 1, out
+    assert f"FAIL  manager x {FAILING}" in out and f"scheduler x {FAILING}:" not in out
+    assert (
+        f"left out: scheduler ({FAILING} already failed on manager; --keep-going runs every "
+        "machine)" in out
+    ), out
 
 
 def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing):

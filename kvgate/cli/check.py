@@ -42,6 +42,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     )
     add_run_options(check, None)
     check.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run every planned machine on a target that one machine already failed "
+        "(by default a target's first counterexample ends its runs: the verdict is known)",
+    )
+    check.add_argument(
         "--repro", metavar="FILE", help="write the shrunk counterexample as a pytest file"
     )
     check.add_argument(
@@ -92,7 +98,11 @@ def cmd_check(args) -> int:
         for target in targets:
             if target.note:
                 display.line(f"target {target.note}")
-        for kind, target in plan.runs:
+        failed: dict[str, str] = {}  # target spec -> the machine that failed it
+        for kind, target in list(plan.runs):
+            if target.spec in failed and not args.keep_going:
+                plan.stop(kind, target, failed[target.spec])
+                continue
             tick = display.task(f"{kind} x {target.spec}", max_examples)
             run = run_one(
                 kind,
@@ -109,6 +119,8 @@ def cmd_check(args) -> int:
                 tick.done()
             runs.append(run)
             print_run(display, run)
+            if run.status != "PASS":
+                failed.setdefault(target.spec, kind)
         for run in runs:
             if run.status == "FAIL":
                 print_failure(display, run)

@@ -148,6 +148,11 @@ class Plan:
     def kinds(self) -> list[str]:
         return list(dict.fromkeys(kind for kind, _ in self.runs))
 
+    def stop(self, kind: str, target: Target, failed_on: str) -> None:
+        """``kind`` does not run on ``target``: an earlier machine already failed it."""
+        why = f"{target.spec} already failed on {failed_on}; --keep-going runs every machine"
+        self.left_out.append((kind, why, [target.spec]))
+
     def left_out_lines(self, all_specs: Sequence[str]) -> list[str]:
         out = []
         for kind, why, specs in self.left_out:
