@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-PAD_SLOTS = 40  # about 350 bytes more: a size class few other objects fall in
+PAD_SLOTS = 38  # about 300 bytes more: a size class few other objects fall in
 
 
 class Contexts:

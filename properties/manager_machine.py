@@ -415,6 +415,23 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
                 hypothesis_target(
                     float(self.rare), label="filtered removals, skips of admitted keys"
                 )
+            self._release_contexts()
+
+    def _release_contexts(self) -> None:
+        """Free every context of the example now. A machine is kept in reference cycles (its
+        rule strategy holds it), so without this its last contexts would be freed whenever the
+        garbage collector next runs, in the middle of a later example, and that example's
+        replay would then reuse a dead context's memory differently (a flaky failure)."""
+        for req in self.live:
+            req.ctx = None
+        for bundle in self.bundles.values():
+            for item in bundle:
+                req = getattr(item, "req", item)
+                if isinstance(req, Req):
+                    req.ctx = None
+        self.live.clear()
+        self.in_flight.clear()
+        self._dropped.clear()
 
     # --- requests and positions ---
 

@@ -3,6 +3,7 @@ the shrunk steps (as Hypothesis prints them), the error, the history, and the fi
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -103,6 +104,10 @@ def run_machine(
         from hypothesis import seed as with_seed
 
         with_seed(seed)(Counted)
+    # Garbage of earlier runs (a failure's traceback keeps a machine's contexts in cycles) is
+    # collected now, not at a random point of this run: the manager machine reuses a dead
+    # context's memory on purpose (properties/contexts.py), the same way in every replay.
+    gc.collect()
     start = time.perf_counter()
     error = None
     stats: list[dict] = []

@@ -241,6 +241,11 @@ class VllmAdapter(Adapter):
         self._call("reset_cache")
 
     def take_events(self) -> list[Event]:
+        """The drained events; where the event type names the storing request
+        (``req_context``, 0.34.0's store-event contract: a store event names its request and
+        expects its removal), that request and ``removal_expected`` too. 0.33.0's type has an
+        inert ``removal_expected`` its CPU manager never sets and no ``req_context``: the spec
+        (section 10) counts both as 0.34.0's, so neither is read there."""
         # vLLM's take_events() is a generator: nothing is drained until it is iterated.
         events = list(self._call("take_events") or ())
         self.raw = events
@@ -249,8 +254,7 @@ class VllmAdapter(Adapter):
                 tuple(self._backs(e.keys)),
                 bool(e.removed),
                 bool(getattr(e, "metadata_only", False)),
-                getattr(e, "removal_expected", None),
-                getattr(e, "req_context", None),
+                *((e.removal_expected, e.req_context) if hasattr(e, "req_context") else ()),
             )
             for e in events
         ]
