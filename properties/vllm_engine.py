@@ -1,0 +1,792 @@
+"""vLLM's own scheduling path, built offline on a CPU, with every manager call checked.
+
+What runs is the installed release's ``Scheduler`` (or its ``AsyncScheduler``) with the
+``OffloadingConnector``'s scheduler side (SPEC section 7, amended, turn 3). Nothing of vLLM is
+imitated on the scheduler's side; only the model runner and the connector's worker are fakes:
+
+- ``configs()`` builds, once per process, what is slow to build: a dummy architecture
+  registered with vLLM's ``ModelRegistry`` (so no real model module is imported), a local
+  ``config.json``, one ``VllmConfig`` for sync and one for async scheduling, and the chunk size
+  in bytes that the connector's ``CPUOffloadingSpec`` divides ``cpu_bytes_to_use`` by.
+  ``VllmEngine(setup, ...)`` then builds a fresh scheduler from them in about a millisecond:
+  only the connector's extra config (CPU bytes, ``store_threshold``, ``max_tracker_size``,
+  the eviction policy) and the GPU block count change between examples.
+- The manager behind the connector is the release's own, as the connector's spec builds it,
+  or a ``vllm=MODULE:ATTR`` class built with the same sizes. Where the connector keeps its
+  manager, a ``Front`` stands: each call goes through the lockstep oracle
+  (``properties.oracle.LockstepManager``) whose target is a ``VllmAdapter`` over the real
+  manager, and the front hands vLLM back exactly what the real manager returned (its raw
+  answer, captured in one place: ``RawVllmAdapter``). A call the oracle does not know yet
+  (``on_schedule_end``, ``on_reset_flushed``, ...) goes to the real manager directly and is
+  listed in ``Front.unchecked``.
+- ``FakeWorker`` stands for the connector's worker side: it reads each step's connector
+  metadata (store jobs, load jobs, jobs to flush), holds every job in flight until the machine
+  delivers it (a flushed job and a synchronous load complete in the step that names them, as
+  the real worker waits for them), and reports completions through ``KVConnectorOutput``
+  (``OffloadingWorkerMetadata.completed_jobs``, and ``finished_recving`` for asynchronous
+  loads). Every transfer succeeds: both releases assert so on this path.
+
+Everything that differs between releases is found by capability, never by version: the
+``ModelRunnerOutput`` fields (0.34.0 dropped ``req_id_to_index``), where the connector keeps
+its scheduler side, which manager calls exist. ``unavailable_reason()`` says in one line why
+none of this can run here (no importable vLLM), or ``None``.
+
+Three request-level checks sit on top of the oracle, each with a fault that breaks it
+(``FAULTS``, used by the tests):
+
+- **cold admissions**: a key is admitted only after ``store_threshold`` distinct (request,
+  generation) pairs offered it, so a block that only one request ever had is never stored by
+  that request's own retries or re-offers (``Checks.cold``);
+- **store jobs**: every store job the connector issues gets exactly one ``complete_store`` of
+  its keys, in the update that reports it, unless a cache reset flushed it first; then never
+  (``Checks.jobs``; faults ``double_complete`` and ``drop_complete``);
+- **events**: the CPU-tier ``BlockStored`` / ``BlockRemoved`` events the scheduler publishes,
+  replayed from the last cache reset, announce exactly the keys the manager has ready
+  (``Checks.events``; fault ``drop_removals``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .oracle import LockstepManager
+from .vllm_adapter import INSTALL_HINT, VllmAdapter, VllmTypes
+
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+CONNECTOR_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+DUMMY_ARCH = "KvgateDummyForCausalLM"
+BLOCK_SIZE = 2  # tokens per GPU block (and per block hash)
+MAX_MODEL_LEN = 64
+MAX_BATCHED_TOKENS = 8  # small, so that long prompts are prefilled in chunks
+MAX_SEQS = 4
+FAULTS = ("double_complete", "drop_complete", "drop_removals")
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM's scheduling path cannot run here (one line, saying how to install a release,
+    SPEC section 10), or ``None`` when it can."""
+    for module in (SCHEDULER_MODULE, CONNECTOR_SCHEDULER_MODULE):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # ImportError, or a dependency failing while importing
+            text = str(exc).strip().splitlines()
+            why = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+            return f"vLLM's scheduler is not importable ({why}); {INSTALL_HINT}"
+    return None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One example's engine: the CPU tier, the admission rule, the GPU and the scheduling."""
+
+    num_chunks: int = 2
+    store_threshold: int = 2
+    max_tracker_size: int = 64_000
+    policy: str = "lru"
+    async_scheduling: bool = False
+    gpu_blocks: int = 16
+    blocks_per_chunk: int = 1
+    offload_prompt_only: bool = True
+
+
+# ---------------------------------------------------------------------------- built once
+class _Configs:
+    """What is slow to build, built once per process (see the module docstring)."""
+
+    def __init__(self):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        import torch
+        from torch import nn
+        from vllm import ModelRegistry
+        from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,
+                                 ModelConfig, SchedulerConfig, VllmConfig)
+
+        for name in ("vllm", "vllm.distributed", "vllm.v1"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+        class KvgateDummyForCausalLM(nn.Module):
+            """Never run: it only lets ModelConfig accept a generating architecture."""
+
+            def __init__(self, *, vllm_config=None, prefix: str = ""):
+                super().__init__()
+
+            def embed_input_ids(self, input_ids):
+                return input_ids
+
+            def forward(self, input_ids, positions):
+                return input_ids
+
+            def compute_logits(self, hidden_states):
+                return hidden_states
+
+        ModelRegistry.register_model(DUMMY_ARCH, KvgateDummyForCausalLM)
+        self.model_dir = tempfile.mkdtemp(prefix="kvgate-vllm-model-")
+        with open(os.path.join(self.model_dir, "config.json"), "w") as f:
+            json.dump({"architectures": [DUMMY_ARCH], "model_type": "llama",
+                       "hidden_size": 16, "intermediate_size": 16, "num_attention_heads": 1,
+                       "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 64,
+                       "max_position_embeddings": MAX_MODEL_LEN, "torch_dtype": "float32"}, f)
+        model = ModelConfig(model=self.model_dir, tokenizer=self.model_dir,
+                            skip_tokenizer_init=True, dtype="float32",
+                            max_model_len=MAX_MODEL_LEN, seed=0)
+        self.torch = torch
+        self.vllm = {}
+        for is_async in (False, True):
+            self.vllm[is_async] = VllmConfig(
+                model_config=model,
+                cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
+                scheduler_config=SchedulerConfig(
+                    max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS,
+                    max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
+                    is_encoder_decoder=False, async_scheduling=is_async),
+                kv_transfer_config=KVTransferConfig(
+                    kv_connector="OffloadingConnector", kv_role="kv_both",
+                    kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20}),
+                kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+                device_config=DeviceConfig("cpu"))
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        hash_fn = get_hash_fn_by_name(self.vllm[False].cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.block_hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
+        self._chunk_bytes: dict[int, int] = {}
+        self.scheduler_classes = self._scheduler_classes()
+        self.runner_output_fields = self._runner_output_fields()
+        try:  # how published events name a block hash (an int by default, or the bytes)
+            from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+            self.external_hash = maybe_convert_block_hash
+        except ImportError:
+            self.external_hash = bytes
+
+    def kv_cache_config(self, gpu_blocks: int):
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1,
+                                 dtype=self.torch.float32)
+        return KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[],
+                             kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+
+    def chunk_bytes(self, blocks_per_chunk: int) -> int:
+        """What the connector's spec counts one CPU chunk as (aligned), asked of the spec."""
+        if blocks_per_chunk not in self._chunk_bytes:
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+                build_offloading_config)
+            from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+            config = self.vllm[False]
+            extra = config.kv_transfer_config.kv_connector_extra_config
+            extra.clear()
+            extra.update(cpu_bytes_to_use=1 << 30, blocks_per_chunk=blocks_per_chunk)
+            spec = OffloadingSpecFactory.create_spec(
+                build_offloading_config(config, self.kv_cache_config(8)))
+            size = getattr(spec, "kv_bytes_per_chunk", 0)
+            if not size:
+                raise RuntimeError(f"{type(spec).__name__} does not say how many bytes a "
+                                   "chunk takes (no kv_bytes_per_chunk)")
+            self._chunk_bytes[blocks_per_chunk] = int(size)
+        return self._chunk_bytes[blocks_per_chunk]
+
+    @staticmethod
+    def _scheduler_classes() -> dict[bool, type]:
+        from vllm.v1.core.sched.scheduler import Scheduler
+        try:
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        except ImportError:
+            AsyncScheduler = None  # noqa: N806 - a release without it runs sync only
+        return {False: Scheduler, True: AsyncScheduler}
+
+    @staticmethod
+    def _runner_output_fields() -> frozenset[str]:
+        from vllm.v1.outputs import ModelRunnerOutput
+        return frozenset(f.name for f in dataclasses.fields(ModelRunnerOutput))
+
+
+_CONFIGS: _Configs | None = None
+
+
+def configs() -> _Configs:
+    global _CONFIGS
+    if _CONFIGS is None:
+        _CONFIGS = _Configs()
+    return _CONFIGS
+
+
+# ---------------------------------------------------------------------------- raw answers
+class _Recording:
+    """The real manager, with the latest return value of each call kept (``last``).
+    ``take_events`` is drained into a list here, so both the adapter and vLLM read it."""
+
+    def __init__(self, manager: Any):
+        self._manager = manager
+        self.last: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._manager, name)
+        if not callable(value) or name.startswith("_"):
+            return value
+
+        def call(*args, **kwargs):
+            out = value(*args, **kwargs)
+            if name == "take_events":
+                out = list(out or ())
+            self.last[name] = out
+            return out
+
+        return call
+
+
+class RawVllmAdapter(VllmAdapter):
+    """``VllmAdapter`` that also keeps what the release itself returned: ``raw(call)``.
+
+    The one place where raw answers are captured; when ``VllmAdapter`` gains ``raw`` (the
+    release's return value of its latest call), this class can go."""
+
+    def __init__(self, manager: Any, types: VllmTypes | None = None):
+        self.recording = _Recording(manager)
+        super().__init__(self.recording, types)
+        self.real = manager
+
+    def raw(self, call: str) -> Any:
+        return self.recording.last.get(call)
+
+
+# ---------------------------------------------------------------------------- the front
+class Front:
+    """Stands where the connector scheduler keeps its manager. Each call goes through the
+    oracle; vLLM gets back what the real manager returned. ``calls`` counts calls by name;
+    ``unchecked`` names the calls that went to the real manager without the oracle."""
+
+    # Calls the oracle checks, and calls it may not have yet (then straight to the manager).
+    CHECKED = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
+               "on_new_request", "on_request_finished", "reset_cache", "take_events",
+               "get_stats")
+    OPTIONAL = ("get_load_source", "config_info", "has_pending_work", "on_schedule_end",
+                "on_reset_flushed", "shutdown", "touch")
+
+    def __init__(self, oracle: LockstepManager, adapter: RawVllmAdapter, checks: Checks,
+                 fault: str | None = None):
+        self.oracle = oracle
+        self.adapter = adapter
+        self.checks = checks
+        self.fault = fault
+        self.calls: Counter = Counter()
+        self.unchecked: set[str] = set()
+        self._faulted = False
+
+    @property
+    def lock(self):
+        return getattr(self.adapter.real, "lock", None) or contextlib.nullcontext()
+
+    def _through(self, name: str, *args, **kwargs) -> Any:
+        self.calls[name] += 1
+        getattr(self.oracle, name)(*args, **kwargs)
+        return self.adapter.raw(name)
+
+    def lookup(self, key, req_context=None):
+        return self._through("lookup", key, req_context)
+
+    def prepare_load(self, keys, req_context=None):
+        keys = list(keys)
+        out = self._through("prepare_load", keys, req_context)
+        self.checks.loaded(keys)
+        return out
+
+    def complete_load(self, keys, req_context=None):
+        return self._through("complete_load", list(keys), req_context)
+
+    def prepare_store(self, keys, req_context):
+        keys = list(keys)
+        self.checks.offered(keys, req_context)
+        out = self._through("prepare_store", keys, req_context)
+        self.checks.prepared(keys, req_context, out)
+        return out
+
+    def complete_store(self, keys, req_context=None, success: bool = True):
+        keys = list(keys)
+        if self.fault == "drop_complete" and not self._faulted:
+            self._faulted = True
+            return None
+        self._through("complete_store", keys, req_context, success=success)
+        self.checks.completed(keys)
+        if self.fault == "double_complete" and not self._faulted:
+            self._faulted = True
+            self._through("complete_store", keys, req_context, success=success)
+            self.checks.completed(keys)
+        return None
+
+    def on_new_request(self, req_context):
+        name = getattr(self.oracle, "name", None)
+        if callable(name):  # a divergence names the request by its id
+            name(req_context, str(getattr(req_context, "req_id", "?")))
+        return self._through("on_new_request", req_context)
+
+    def on_request_finished(self, req_context):
+        return self._through("on_request_finished", req_context)
+
+    def reset_cache(self):
+        out = self._through("reset_cache")
+        self.checks.reset()
+        return out
+
+    def take_events(self):
+        events = list(self._through("take_events") or ())
+        if self.fault == "drop_removals":
+            events = [e for e in events if not getattr(e, "removed", False)]
+        return iter(events)
+
+    def get_stats(self):
+        return self._through("get_stats")
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.OPTIONAL:
+            raise AttributeError(name)
+        real = getattr(self.adapter.real, name)  # AttributeError where the release lacks it
+        checked = getattr(type(self.oracle), name, None)
+
+        def call(*args, **kwargs):
+            self.calls[name] += 1
+            if checked is not None:
+                checked(self.oracle, *args, **kwargs)
+                return self.adapter.raw(name)
+            self.unchecked.add(name)
+            return real(*args, **kwargs)
+
+        return call
+
+
+# ---------------------------------------------------------------------------- request-level checks
+class Checks:
+    """The checks that sit on top of the oracle (see the module docstring). Each records its
+    first failure in ``failure`` (one line), which the machine raises."""
+
+    def __init__(self, threshold: int, is_ready: Callable[[bytes], bool],
+                 name: Callable[[bytes], str]):
+        self.threshold = threshold
+        self.is_ready = is_ready
+        self.name = name
+        self.failure = ""
+        self.generation = 0
+        self.offerers: dict[bytes, set[tuple[int, int]]] = {}
+        self.handles: dict[int, tuple[Any, int]] = {}
+        self.specs: dict[int, tuple[Any, tuple[bytes, ...]]] = {}  # id(store_spec) -> keys
+        self.jobs: dict[int, tuple[bytes, ...]] = {}  # open store job -> its keys
+        self.flushed_by_reset: set[int] = set()  # jobs a reset flushed (never completed)
+        self.completions: list[tuple[bytes, ...]] = []  # complete_store calls of this update
+        self.announced: set[bytes] = set()  # (hash + group) of the CPU-tier events, replayed
+        self.seen_keys: set[bytes] = set()
+        self.outcome: dict[tuple[int, int, bytes], bool] = {}  # (who, key) -> admitted or not
+        self.is_finished: Callable[[str], bool] = lambda req_id: False
+        self.stats = Counter()  # what happened, for the coverage labels
+
+    def fail(self, text: str) -> None:
+        if not self.failure:
+            self.failure = text
+
+    # --- cold admissions
+    def _handle(self, ctx: Any) -> int:
+        entry = self.handles.get(id(ctx))
+        if entry is None or entry[0] is not ctx:
+            entry = (ctx, self.stats["contexts"])
+            self.stats["contexts"] += 1
+            self.handles[id(ctx)] = entry
+        return entry[1]
+
+    def offered(self, keys: list[bytes], ctx: Any) -> None:
+        who = (self._handle(ctx), self.generation)
+        again = [self.outcome.get((*who, key)) for key in keys]
+        if any(a is False for a in again):
+            self.stats["retries"] += 1  # a key this request offered before and got None for
+        if any(a is True for a in again):
+            self.stats["re-offers"] += 1  # a key it offered before with success: a restart
+        if self.is_finished(getattr(ctx, "req_id", "")):
+            self.stats["finish-time offers"] += 1
+        for key in keys:
+            self.offerers.setdefault(key, set()).add(who)
+            self.seen_keys.add(key)
+        self._last = (who, keys)
+
+    def prepared(self, keys: list[bytes], ctx: Any, out: Any) -> None:
+        who, _ = self._last
+        for key in keys:
+            self.outcome[(*who, key)] = out is not None
+        if out is None:
+            self.stats["allocation failures"] += 1
+            return
+        stored = [bytes(k) for k in out.keys_to_store]
+        if out.evicted_keys:
+            self.stats["evictions"] += 1
+        if len(stored) < len([k for k in keys if not self.is_ready(k)]):
+            self.stats["skips or resident keys"] += 1
+        self.specs[id(out.store_spec)] = (out.store_spec, tuple(stored))
+        if self.threshold < 2:
+            return
+        for key in stored:
+            n = len(self.offerers.get(key, ()))
+            if n < self.threshold:
+                self.fail(f"cold admission: {self.name(key)} was admitted after {n} distinct "
+                          f"request(s) offered it, store_threshold={self.threshold}")
+
+    def loaded(self, keys: list[bytes]) -> None:
+        self.stats["loads"] += 1
+
+    # --- store jobs
+    def issued(self, job_id: int, dst_spec: Any, gpu_blocks: int, blocks_per_chunk: int) -> None:
+        entry = self.specs.pop(id(dst_spec), None)
+        if entry is None or entry[0] is not dst_spec:
+            self.fail(f"store job {job_id}: its CPU spec is not one the manager returned")
+            return
+        keys = entry[1]
+        if job_id in self.jobs:
+            self.fail(f"store job {job_id} issued twice")
+        if gpu_blocks != len(keys) * blocks_per_chunk:
+            self.fail(f"store job {job_id}: {gpu_blocks} GPU block(s) for {len(keys)} "
+                      f"chunk(s) of {blocks_per_chunk} block(s)")
+        self.jobs[job_id] = keys
+
+    def completed(self, keys: list[bytes]) -> None:
+        self.completions.append(tuple(bytes(k) for k in keys))
+
+    def reported(self, store_jobs: Iterable[int]) -> None:
+        """After an update whose output reported ``store_jobs`` done: each open one got exactly
+        one complete_store of its keys in that update, and no other complete_store came."""
+        expected = Counter()
+        for job in store_jobs:
+            if job in self.flushed_by_reset:
+                self.stats["stale completions"] += 1
+                continue
+            keys = self.jobs.pop(job, None)
+            if keys is None:
+                self.fail(f"store job {job} reported done, but it is not open")
+                continue
+            expected[keys] += 1
+        got = Counter(self.completions)
+        self.completions = []
+        if got != expected:
+            extra, missing = got - expected, expected - got
+            what = []
+            if missing:
+                what.append("no complete_store for " + "; ".join(
+                    self._keys(k) for k in missing.elements()))
+            if extra:
+                what.append("complete_store with no store job reported for it: " + "; ".join(
+                    self._keys(k) for k in extra.elements()))
+            self.fail("store jobs: " + ", ".join(what))
+
+    def _keys(self, keys: tuple[bytes, ...]) -> str:
+        return "[" + ", ".join(self.name(k) for k in keys) + "]"
+
+    def reset(self) -> None:
+        self.generation += 1
+        self.flushed_by_reset.update(self.jobs)
+        self.jobs.clear()
+        self.specs.clear()
+        self.announced.clear()  # the replay starts over at a reset, as the oracle's does
+        self.stats["resets"] += 1
+
+    # --- events
+    def published(self, events: Iterable[Any]) -> None:
+        """Replay the CPU-tier events of one published batch. Events name a block by its
+        hash as vLLM publishes it (``external``) and its group."""
+        for event in events:
+            if getattr(event, "medium", None) != "CPU":
+                continue
+            group = int(getattr(event, "group_idx", None) or 0)
+            names = {(h, group) for h in getattr(event, "block_hashes", ())}
+            if type(event).__name__ == "BlockRemoved":
+                self.announced -= names
+            elif type(event).__name__ == "BlockStored":
+                self.announced |= names
+
+    def check_events(self, external: Callable[[bytes], Any]) -> None:
+        ready = {external(k[:-4]): k for k in self.seen_keys if self.is_ready(k)}
+        ready = {(h, int.from_bytes(k[-4:], "big")): k for h, k in ready.items()}
+        if set(ready) != self.announced:
+            names = {(external(k[:-4]), int.from_bytes(k[-4:], "big")): k for k in self.seen_keys}
+            name = lambda n: self.name(names[n]) if n in names else repr(n)  # noqa: E731
+            more = sorted(name(n) for n in self.announced - set(ready))
+            less = sorted(name(n) for n in set(ready) - self.announced)
+            self.fail("published CPU events differ from the manager's ready keys: "
+                      + ", ".join(filter(None, [f"announced but not ready {more}" if more else "",
+                                                f"ready but never announced {less}" if less
+                                                else ""])))
+
+
+# ---------------------------------------------------------------------------- the worker side
+class FakeWorker:
+    """The connector's worker side, as the machine drives it (see the module docstring)."""
+
+    def __init__(self, checks: Checks, blocks_per_chunk: int):
+        self.checks = checks
+        self.blocks_per_chunk = blocks_per_chunk
+        self.in_flight: dict[int, tuple[str, str]] = {}  # job -> ("store" | "load", req_id)
+        self.done: list[int] = []  # completed, not reported yet
+        self.reported: set[int] = set()
+        self.stats = Counter()
+
+    def receive(self, meta: Any) -> None:
+        """One step's connector metadata, as the worker gets it before the forward pass."""
+        if meta is None:
+            return
+        for job_id, job in (getattr(meta, "store_jobs", None) or {}).items():
+            gpu = len(getattr(job.src_spec, "block_ids", ()))
+            self.checks.issued(job_id, job.dst_spec, gpu, self.blocks_per_chunk)
+            self._start(job_id, "store", job.req_id)
+        for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
+            self._start(job_id, "load", job.req_id)
+            if getattr(job, "sync", False):  # waited for within the step: no finished_recving
+                self.stats["sync loads"] += 1
+                self.in_flight[job_id] = ("sync load", job.req_id)
+                self.finish([job_id])
+        flush = [j for j in (getattr(meta, "jobs_to_flush", None) or ()) if j in self.in_flight]
+        if flush:
+            self.stats["flushes"] += 1
+            self.finish(flush)
+
+    def _start(self, job_id: int, kind: str, req_id: str) -> None:
+        if job_id in self.in_flight or job_id in self.reported or job_id in self.done:
+            self.checks.fail(f"job id {job_id} issued twice")
+        self.in_flight[job_id] = (kind, req_id)
+
+    def finish(self, jobs: Iterable[int]) -> None:
+        for job in jobs:
+            if job in self.in_flight and job not in self.done:
+                self.done.append(job)
+
+    def jobs(self, kind: str | None = None) -> list[int]:
+        """In-flight jobs not completed yet, oldest first."""
+        done = set(self.done)
+        return [j for j, (k, _) in self.in_flight.items()
+                if j not in done and (kind is None or k == kind)]
+
+    def report(self) -> tuple[Any, list[int]]:
+        """The ``KVConnectorOutput`` of everything completed since the last report, and the
+        store jobs in it."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+            OffloadingWorkerMetadata)
+        from vllm.v1.outputs import KVConnectorOutput
+        meta = OffloadingWorkerMetadata()
+        recving, stores = set(), []
+        for job in self.done:
+            kind, req_id = self.in_flight.pop(job)
+            meta.mark_completed(job)
+            self.reported.add(job)
+            if kind == "load":
+                recving.add(req_id)
+            elif kind == "store":
+                stores.append(job)
+        self.done = []
+        output = KVConnectorOutput(finished_sending=set(), finished_recving=recving,
+                                   kv_connector_worker_meta=meta if meta.completed_jobs
+                                   else None)
+        return output, stores
+
+
+# ---------------------------------------------------------------------------- the engine
+class _Published:
+    """Stands for the scheduler's KV event publisher: hands each batch to the checks."""
+
+    def __init__(self, checks: Checks):
+        self.checks = checks
+
+    def publish(self, batch: Any) -> None:
+        self.checks.published(getattr(batch, "events", ()))
+
+    def shutdown(self) -> None:
+        return None
+
+
+@dataclass
+class _Batch:
+    output: Any  # SchedulerOutput
+    sampled: dict[str, bool]  # req_id -> samples a token (not a prefill chunk)
+    kv_output: Any
+    stores: list[int]
+
+
+class VllmEngine:
+    """vLLM's scheduler with the connector, a checked manager and the fake worker, stepped
+    as an engine core steps it (sync: schedule, execute, update; async: a queue of two
+    batches, as ``step_with_batch_queue`` keeps it)."""
+
+    def __init__(self, setup: Setup, manager_factory: Callable[[Setup, Any], Any] | None = None,
+                 types: VllmTypes | None = None, model_factory: Callable[..., Any] | None = None,
+                 fault: str | None = None, lockstep: bool = True,
+                 key_name: Callable[[bytes], str] | None = None,
+                 log: list[dict[str, Any]] | None = None):
+        from vllm.v1.structured_output import StructuredOutputManager
+        cfg = configs()
+        self.setup = setup
+        self.cfg = cfg
+        cls = cfg.scheduler_classes[setup.async_scheduling]
+        if cls is None:
+            raise RuntimeError("this vLLM has no AsyncScheduler")
+        vllm_config = cfg.vllm[setup.async_scheduling]
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        extra.clear()
+        extra.update(cpu_bytes_to_use=setup.num_chunks * cfg.chunk_bytes(setup.blocks_per_chunk),
+                     blocks_per_chunk=setup.blocks_per_chunk,
+                     store_threshold=setup.store_threshold,
+                     max_tracker_size=setup.max_tracker_size, eviction_policy=setup.policy,
+                     offload_prompt_only=setup.offload_prompt_only)
+        vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
+        self.sched = cls(vllm_config=vllm_config,
+                         kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks),
+                         structured_output_manager=StructuredOutputManager(vllm_config),
+                         block_size=BLOCK_SIZE, log_stats=True)
+        connector = self.sched.connector
+        self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
+        real = self.connector.manager
+        if manager_factory is not None:
+            real = manager_factory(setup, real)
+        self.key_name = key_name or (lambda k: k.hex()[:8])
+        self.adapter = RawVllmAdapter(real, types)
+        self.checks = Checks(setup.store_threshold, self._ready, self.key_name)
+        self.oracle = build_oracle(self.adapter, setup, key_name=self.key_name, log=log,
+                                   model_factory=model_factory)
+        target = self.oracle if lockstep else _Unchecked(self.adapter)
+        self.front = Front(target, self.adapter, self.checks, fault)
+        self.connector.manager = self.front
+        self.sched.kv_event_publisher = _Published(self.checks)
+        self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
+        self.queue: list[_Batch] = []
+        self.steps = 0
+        self.counts = Counter()
+
+    # --- what the checks read
+    def _ready(self, key: bytes) -> bool:
+        return str(self.adapter.lookup(key, None)) == "HIT"
+
+    # --- engine events
+    def add_request(self, req_id: str, tokens: list[int], max_tokens: int) -> Any:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        request = Request(request_id=req_id, prompt_token_ids=list(tokens),
+                          sampling_params=params, pooling_params=None,
+                          block_hasher=self.cfg.block_hasher)
+        self.sched.add_request(request)
+        return request
+
+    def abort(self, req_id: str) -> None:
+        from vllm.v1.request import RequestStatus
+        self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+
+    def reset(self, running_too: bool = False) -> bool:
+        """The path vLLM's ``reset_prefix_cache(reset_connector=True)`` takes."""
+        return bool(self.sched.reset_prefix_cache(reset_running_requests=running_too,
+                                                  reset_connector=True))
+
+    def can_step(self) -> bool:
+        return bool(self.queue) or self.sched.has_requests()
+
+    def step(self) -> None:
+        """One engine-core step."""
+        self.steps += 1
+        self.oracle.set_step(self.steps)
+        scheduled = False
+        if self.sched.has_requests():
+            out = self.sched.schedule()
+            self.worker.receive(out.kv_connector_metadata)
+            kv_output, stores = self.worker.report()
+            sampled = {}
+            for req_id in out.num_scheduled_tokens:
+                req = self.sched.requests.get(req_id)
+                sampled[req_id] = req is not None and not req.is_prefill_chunk
+            if out.preempted_req_ids:
+                self.counts["preemptions"] += len(out.preempted_req_ids)
+            self.queue.append(_Batch(out, sampled, kv_output, stores))
+            scheduled = out.total_num_scheduled_tokens > 0
+        if not self.queue:
+            return
+        if self.setup.async_scheduling and len(self.queue) < 2 and scheduled:
+            self.counts["overlapped"] += 1
+            return  # the engine returns to schedule the next batch before waiting
+        self._update(self.queue.pop(0))
+
+    def _update(self, batch: _Batch) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+        req_ids = list(batch.output.num_scheduled_tokens)
+        kwargs: dict[str, Any] = dict(
+            req_ids=req_ids,
+            sampled_token_ids=[[SAMPLED_TOKEN] if batch.sampled[r] else [] for r in req_ids],
+            kv_connector_output=batch.kv_output)
+        if "req_id_to_index" in self.cfg.runner_output_fields:
+            kwargs["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        fields = self.cfg.runner_output_fields
+        kwargs = {k: v for k, v in kwargs.items() if k in fields}
+        self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
+        self.checks.reported(batch.stores)
+        self.checks.check_events(self.cfg.external_hash)
+
+    def drain(self) -> None:
+        """Process every queued batch (the engine waits for what it already executed)."""
+        while self.queue:
+            self._update(self.queue.pop(0))
+
+    # --- GPU blocks held outside the scheduler (so the next step that needs one preempts)
+    def hold_gpu_blocks(self) -> list[Any]:
+        pool = self.sched.kv_cache_manager.block_pool
+        n = pool.get_num_free_blocks()
+        return pool.get_new_blocks(n) if n else []
+
+    def release_gpu_blocks(self, blocks: list[Any]) -> None:
+        if blocks:
+            self.sched.kv_cache_manager.block_pool.free_blocks(blocks)
+
+
+SAMPLED_TOKEN = 7
+
+
+class _Unchecked:
+    """In place of the oracle (``lockstep=False``, for the tests of the request-level checks
+    alone): every call goes to the adapter unchecked."""
+
+    def __init__(self, adapter: RawVllmAdapter):
+        self.adapter = adapter
+
+    def set_step(self, step: int) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.adapter, name)
+
+
+def build_oracle(adapter: RawVllmAdapter, setup: Setup, *, key_name=None, log=None,
+                 model_factory=None) -> LockstepManager:
+    """The lockstep oracle over ``adapter``: the one place where this path picks how a vLLM
+    manager is judged (today: foreign, SPEC section 9; exact once the oracle judges vLLM
+    releases exactly)."""
+    from kvgate.model.cache import Model
+    make = model_factory or Model
+    model = make(setup.num_chunks, setup.policy, setup.store_threshold, setup.max_tracker_size)
+    kwargs: dict[str, Any] = {"foreign": True, "log": log}
+    if key_name is not None:
+        kwargs["key_name"] = key_name
+    return LockstepManager(adapter, model, **kwargs)
+
+
+def release_manager(setup: Setup, built: Any) -> Any:
+    """The manager the connector's own spec built (the ``vllm`` target)."""
+    return built
+
+
+def class_manager(cls: type, spec: str) -> Callable[[Setup, Any], Any]:
+    """A ``vllm=MODULE:ATTR`` class built with the example's sizes, in the spec's place."""
+    from .vllm_adapter import vllm_factory
+    factory = vllm_factory(cls, spec)
+
+    def build(setup: Setup, built: Any) -> Any:
+        return factory(setup.num_chunks, cache_policy=setup.policy,
+                       store_threshold=setup.store_threshold,
+                       max_tracker_size=setup.max_tracker_size)
+
+    return build

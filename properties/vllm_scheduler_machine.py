@@ -1,0 +1,273 @@
+"""The machine over vLLM's own scheduling path (``properties.vllm_engine``).
+
+Each rule is an engine event, applied to the installed release's ``Scheduler`` (sync or async,
+drawn per example) with the ``OffloadingConnector``'s scheduler side and the target manager
+behind it, every manager call checked by the lockstep oracle:
+
+- ``add_request(blocks, tail, max_tokens)``: a new request whose prompt is a string of block
+  contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
+  ``tail`` tokens of a last, partial block; it generates ``max_tokens`` tokens;
+- ``step(n)``: ``n`` engine-core steps (schedule, run, update; async keeps two batches);
+- ``deliver(mask)``: the in-flight store and load jobs picked by ``mask`` complete (they are
+  reported in the next step's output); jobs not picked stay in flight;
+- ``abort(which)``: the client aborts a live request;
+- ``take_gpu`` / ``give_gpu``: every free GPU block is taken from the scheduler's pool, so the
+  next step that needs a block preempts a running request (the preempted request later
+  resumes and re-offers its chunks through the same context); then given back;
+- ``reset(running_too)``: the cache reset vLLM runs (``reset_prefix_cache`` with
+  ``reset_connector=True``; ``running_too`` preempts the running requests first).
+
+A request finishes when it has generated its tokens; the connector's finish-time offer
+follows. Keys are named by the prompt they end: ``'AB'`` is the chunk whose last block
+follows ``A`` and holds ``B``; blocks that are not pool contents print their tokens
+(``'AB[5,7]'``). The oracle and the request-level checks of ``vllm_engine.Checks`` fail a step
+at once; an invariant after every step runs the oracle's incremental state check and raises
+what the request-level checks found.
+
+``make_machine(target)`` gives the machine class for a ``vllm`` or ``vllm=MODULE:ATTR``
+target; ``unavailable_reason()`` says why it cannot run here (no vLLM), or ``None``.
+"""
+from __future__ import annotations
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from .adapters import TargetError
+from .coverage import Recorded
+from .rule_choice import install as install_rule_choice
+from .targets import Target
+from .vllm_engine import FAULTS, SAMPLED_TOKEN, Setup, VllmEngine, unavailable_reason
+
+__all__ = ["LABELS", "VllmSchedulerMachine", "make_machine", "unavailable_reason"]
+
+POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
+TAIL_TOKEN = 5
+LETTERS = {tokens: letter for letter, tokens in POOL.items()}
+MAX_LIVE = 4
+
+LABELS = {
+    "allocation failure": lambda e: e.get("allocation failures", 0) > 0,
+    "retry after None": lambda e: e.get("retries", 0) > 0,
+    "finish-time offer": lambda e: e.get("finish-time offers", 0) > 0,
+    "re-offer after preemption": lambda e: e.get("re-offers", 0) > 0,
+    "preemption": lambda e: e.get("preemptions", 0) > 0,
+    "eviction": lambda e: e.get("evictions", 0) > 0,
+    "load": lambda e: e.get("loads", 0) > 0,
+    "stale completion dropped": lambda e: e.get("stale completions", 0) > 0,
+    "flush": lambda e: e.get("flushes", 0) > 0,
+    "reset": lambda e: e["rule"] == "reset",
+    "abort": lambda e: e["rule"] == "abort",
+    "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
+}
+# Labels a passing ci run must hit; the others are reported when they fire.
+REQUIRED = ("allocation failure", "retry after None", "finish-time offer",
+            "re-offer after preemption", "preemption", "eviction", "load", "reset", "abort",
+            "async batch overlap")
+
+
+class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
+    """Set ``manager_factory`` (None: the release's own manager), ``fault`` and ``lockstep``
+    on a subclass (``make_machine``)."""
+
+    manager_factory = None
+    fault: str | None = None
+    lockstep: bool = True
+    LABELS = LABELS
+    RULE_WEIGHTS = {"step": 4, "add_request": 3, "deliver": 3, "abort": 1, "take_gpu": 1,
+                    "give_gpu": 1, "reset": 1}
+    SWARM_ALWAYS = ("step", "add_request", "deliver")
+
+    @classmethod
+    def expected_labels(cls) -> tuple[str, ...]:
+        return REQUIRED
+
+    def __init__(self):
+        super().__init__()
+        self.engine: VllmEngine | None = None
+        self.history: list[dict] = []
+        self.names: dict[bytes, str] = {}
+        self.live: list[str] = []
+        self.held: list = []
+        self.next_id = 0
+        install_rule_choice(self)
+
+    # ------------------------------------------------------------------ set-up
+    @initialize(num_chunks=st.integers(1, 4), threshold=st.sampled_from([2, 2, 3, 1, 0]),
+                tracker=st.sampled_from([64_000, 2, 1, 4]), policy=st.sampled_from(["lru", "arc"]),
+                async_scheduling=st.booleans(), gpu_blocks=st.sampled_from([16, 10, 24]),
+                blocks_per_chunk=st.sampled_from([1, 2]), prompt_only=st.booleans())
+    def setup(self, num_chunks, threshold, tracker, policy, async_scheduling, gpu_blocks,
+              blocks_per_chunk, prompt_only):
+        self.setup_ = Setup(num_chunks=num_chunks, store_threshold=threshold,
+                            max_tracker_size=tracker, policy=policy,
+                            async_scheduling=async_scheduling, gpu_blocks=gpu_blocks,
+                            blocks_per_chunk=blocks_per_chunk, offload_prompt_only=prompt_only)
+        factory = type(self).manager_factory
+        self.engine = VllmEngine(self.setup_, factory, fault=type(self).fault,
+                                 lockstep=type(self).lockstep, key_name=self._name,
+                                 log=self.history)
+        self.engine.checks.is_finished = self._finished
+
+    # ------------------------------------------------------------------ names
+    def _name(self, key: bytes) -> str:
+        name = self.names.get(key)
+        if name is None:
+            self._learn_names()
+            name = self.names.get(key, key[:-4].hex()[:8])
+        return name
+
+    def _learn_names(self) -> None:
+        """Name every chunk key of every live request by the prompt it ends."""
+        bpc = self.setup_.blocks_per_chunk
+        from .vllm_engine import BLOCK_SIZE
+        for req in self.engine.sched.requests.values():
+            tokens = list(req.all_token_ids)
+            for i, block_hash in enumerate(req.block_hashes):
+                if (i + 1) % bpc:
+                    continue
+                key = bytes(block_hash) + b"\0\0\0\0"
+                if key not in self.names:
+                    self.names[key] = "".join(_block_name(tuple(tokens[j:j + BLOCK_SIZE]))
+                                              for j in range(0, (i + 1) * BLOCK_SIZE, BLOCK_SIZE))
+
+    def _finished(self, req_id: str) -> bool:
+        req = self.engine.sched.requests.get(req_id)
+        return req is None or req.is_finished()
+
+    # ------------------------------------------------------------------ engine events
+    @precondition(lambda self: self.engine is not None and len(self._live()) < MAX_LIVE)
+    @rule(blocks=st.text(alphabet="ABC", min_size=1, max_size=4), tail=st.integers(0, 1),
+          max_tokens=st.integers(1, 4))
+    def add_request(self, blocks, tail, max_tokens):
+        self.next_id += 1
+        req_id = f"r{self.next_id}"
+        tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
+        self.engine.add_request(req_id, tokens, max_tokens)
+        self.live.append(req_id)
+        self._learn_names()
+        self._record("add_request")
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(n=st.integers(1, 3))
+    def step(self, n):
+        for _ in range(n):
+            if not self.engine.can_step():
+                break
+            self.engine.step()
+            self._learn_names()
+        self._record("step")
+
+    @precondition(lambda self: self.engine is not None and self.engine.worker.jobs())
+    @rule(mask=st.integers(1, 15))
+    def deliver(self, mask):
+        jobs = self.engine.worker.jobs()
+        picked = [j for i, j in enumerate(jobs) if mask >> (i % 4) & 1] or jobs[:1]
+        self.engine.worker.finish(picked)
+        self._record("deliver")
+
+    @precondition(lambda self: self.engine is not None and self._live())
+    @rule(which=st.integers(0, 3))
+    def abort(self, which):
+        live = self._live()
+        self.engine.abort(live[which % len(live)])
+        self._record("abort")
+
+    @precondition(lambda self: self.engine is not None and not self.held)
+    @rule()
+    def take_gpu(self):
+        self.held = self.engine.hold_gpu_blocks()
+        self._record("take_gpu")
+
+    @precondition(lambda self: self.engine is not None and bool(self.held))
+    @rule()
+    def give_gpu(self):
+        self.engine.release_gpu_blocks(self.held)
+        self.held = []
+        self._record("give_gpu")
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(running_too=st.booleans())
+    def reset(self, running_too):
+        # vLLM refuses to preempt the running requests first (RuntimeError) while their
+        # blocks cannot all be freed: blocks taken, a request waiting for a load, or a batch
+        # still executing (async). Then the cache is reset without it.
+        if running_too and (self.held or self._loading() or self.engine.queue):
+            running_too = False
+        self.engine.reset(running_too)
+        self._record("reset")
+
+    # ------------------------------------------------------------------ helpers
+    def _live(self) -> list[str]:
+        self.live = [r for r in self.live if not self._finished(r)]
+        return self.live
+
+    def _loading(self) -> bool:
+        from vllm.v1.request import RequestStatus
+        return any(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                   for r in self.engine.sched.requests.values())
+
+    def _record(self, rule_name: str) -> None:
+        """One history entry per step: what grew since the previous one."""
+        now = {**self.engine.checks.stats, **self.engine.worker.stats, **self.engine.counts}
+        before = getattr(self, "_before", {})
+        self._before = dict(now)
+        self.record(rule_name, **{k: v - before.get(k, 0) for k, v in now.items()})
+
+    # ------------------------------------------------------------------ checks
+    @invariant()
+    def request_level_checks(self):
+        """The oracle's incremental state check, then what the request-level checks found
+        (store jobs, cold admissions, events); the oracle's call checks run inside calls."""
+        if self.engine is None:
+            return
+        if self.engine.checks.failure:
+            raise AssertionError(self.engine.checks.failure)
+        if type(self).lockstep:
+            self.engine.oracle.check_state()
+
+    def teardown(self):
+        if self.engine is not None:
+            if currently_in_test_context():
+                note(f"setup: {self.setup_}; manager calls: {dict(self.engine.front.calls)}; "
+                     f"unchecked: {sorted(self.engine.front.unchecked)}")
+            self.count_labels()
+
+
+def _block_name(tokens: tuple[int, ...]) -> str:
+    letter = LETTERS.get(tokens)
+    return letter if letter else "[" + ",".join(map(str, tokens)) + "]"
+
+
+def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = True):
+    """The machine class over vLLM's scheduling path with ``target``'s manager behind the
+    connector: ``vllm`` (the manager the connector's spec builds) or ``vllm=MODULE:ATTR`` (that
+    class, built with the example's sizes). ``fault`` (one of ``FAULTS``) and
+    ``lockstep=False`` (no oracle: the request-level checks alone) are for tests of the
+    checks. ``TargetError`` (one line) for another target or where vLLM is not importable."""
+    from .manager_machine import machine_name
+    why = unavailable_reason()
+    if why:
+        raise TargetError(why)
+    if target.spec != "vllm" and not target.spec.startswith("vllm="):
+        raise TargetError(f"the vLLM scheduler machine runs a vLLM manager; target "
+                          f"{target.spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+    factory = None
+    if target.spec != "vllm":
+        def factory(setup, built, make=target.factory):
+            return make(setup.num_chunks, cache_policy=setup.policy,
+                        store_threshold=setup.store_threshold,
+                        max_tracker_size=setup.max_tracker_size)
+    name = machine_name("VllmSchedulerMachine", target.spec)
+    suffix = (f"_{fault}" if fault else "") + ("" if lockstep else "_unchecked")
+    cls = type(name + suffix, (VllmSchedulerMachine,),
+               {"manager_factory": staticmethod(factory) if factory else None,
+                "fault": fault, "lockstep": lockstep})
+    cls.__qualname__ = cls.__name__
+    return cls
+
+
+__all__ += ["SAMPLED_TOKEN"]
