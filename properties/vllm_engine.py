@@ -58,6 +58,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.impl.base import STORES_SKIPPED
+
 from .oracle import LockstepManager
 from .vllm_adapter import INSTALL_HINT, VllmAdapter, VllmTypes
 
@@ -344,7 +346,10 @@ class Front:
         return iter(events)
 
     def get_stats(self):
-        return self._through("get_stats")
+        self.calls["get_stats"] += 1
+        plain = self.oracle.get_stats() or {}
+        self.checks.stats["skips"] += int(plain.get(STORES_SKIPPED, 0) or 0)
+        return self.adapter.raw("get_stats")
 
     def __getattr__(self, name: str) -> Any:
         if name not in self.OPTIONAL:
@@ -385,7 +390,8 @@ class Checks:
         self.seen_keys: set[bytes] = set()
         self.outcome: dict[tuple[int, int, bytes], bool] = {}  # (who, key) -> admitted or not
         self.is_finished: Callable[[str], bool] = lambda req_id: False
-        self.stats = Counter()  # what happened, for the coverage labels
+        self.stats = Counter()  # what happened, for the coverage labels and the replay
+        self.cold: list[str] = []  # the cold admissions, in order
 
     def fail(self, text: str) -> None:
         if not self.failure:
@@ -418,25 +424,30 @@ class Checks:
         who, _ = self._last
         for key in keys:
             self.outcome[(*who, key)] = out is not None
+        self.stats["offers"] += 1
         if out is None:
             self.stats["allocation failures"] += 1
             return
         stored = [bytes(k) for k in out.keys_to_store]
+        self.stats["admitted"] += len(stored)
         if out.evicted_keys:
             self.stats["evictions"] += 1
-        if len(stored) < len([k for k in keys if not self.is_ready(k)]):
-            self.stats["skips or resident keys"] += 1
+            self.stats["evicted keys"] += len(out.evicted_keys)
         self.specs[id(out.store_spec)] = (out.store_spec, tuple(stored))
         if self.threshold < 2:
             return
         for key in stored:
             n = len(self.offerers.get(key, ()))
             if n < self.threshold:
+                self.stats["cold admissions"] += 1
+                self.cold.append(f"{self.name(key)} admitted after {n} distinct request(s) "
+                                 "offered it")
                 self.fail(f"cold admission: {self.name(key)} was admitted after {n} distinct "
                           f"request(s) offered it, store_threshold={self.threshold}")
 
     def loaded(self, keys: list[bytes]) -> None:
         self.stats["loads"] += 1
+        self.stats["loaded keys"] += len(keys)
 
     # --- store jobs
     def issued(self, job_id: int, dst_spec: Any, gpu_blocks: int, blocks_per_chunk: int) -> None:
@@ -453,7 +464,9 @@ class Checks:
         self.jobs[job_id] = keys
 
     def completed(self, keys: list[bytes]) -> None:
-        self.completions.append(tuple(bytes(k) for k in keys))
+        self.stats["completed keys"] += len(keys)
+        # In any order: 0.33.0 keeps a job's keys in a set, 0.34.0 in prefix order.
+        self.completions.append(tuple(sorted(bytes(k) for k in keys)))
 
     def reported(self, store_jobs: Iterable[int]) -> None:
         """After an update whose output reported ``store_jobs`` done: each open one got exactly
@@ -467,7 +480,7 @@ class Checks:
             if keys is None:
                 self.fail(f"store job {job} reported done, but it is not open")
                 continue
-            expected[keys] += 1
+            expected[tuple(sorted(keys))] += 1
         got = Counter(self.completions)
         self.completions = []
         if got != expected:
@@ -486,6 +499,7 @@ class Checks:
 
     def reset(self) -> None:
         self.generation += 1
+        self.stats["stale keys"] += sum(len(keys) for keys in self.jobs.values())
         self.flushed_by_reset.update(self.jobs)
         self.jobs.clear()
         self.specs.clear()
@@ -659,6 +673,7 @@ class VllmEngine:
         self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
         self.queue: list[_Batch] = []
         self.steps = 0
+        self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
         self.counts = Counter()
 
     # --- what the checks read
@@ -691,7 +706,8 @@ class VllmEngine:
     def step(self) -> None:
         """One engine-core step."""
         self.steps += 1
-        self.oracle.set_step(self.steps)
+        if self.engine_clock:
+            self.oracle.set_step(self.steps)
         scheduled = False
         if self.sched.has_requests():
             out = self.sched.schedule()

@@ -29,6 +29,10 @@ target; ``unavailable_reason()`` says why it cannot run here (no vLLM), or ``Non
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import traceback
+
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
@@ -36,18 +40,26 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from .adapters import TargetError
 from .coverage import Recorded
+from .oracle import Divergence
 from .rule_choice import install as install_rule_choice
 from .targets import Target
 from .vllm_engine import FAULTS, SAMPLED_TOKEN, Setup, VllmEngine, unavailable_reason
 
-__all__ = ["LABELS", "VllmSchedulerMachine", "make_machine", "unavailable_reason"]
+__all__ = ["DESCRIPTION", "LABELS", "NAME", "VllmSchedulerMachine", "make_machine", "unavailable_reason"]
 
 POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
 TAIL_TOKEN = 5
 LETTERS = {tokens: letter for letter, tokens in POOL.items()}
 MAX_LIVE = 4
+RESET_REFUSED = "Failed to reset KV cache even when all the running requests are preempted"
+
+NAME = "vllm-scheduler"
+DESCRIPTION = ("requests through vLLM's own Scheduler (sync and async) and OffloadingConnector, "
+               "every manager call checked")
 
 LABELS = {
+    "sync scheduling": lambda e: e["rule"] == "setup" and not e["async"],
+    "async scheduling": lambda e: e["rule"] == "setup" and e["async"],
     "allocation failure": lambda e: e.get("allocation failures", 0) > 0,
     "retry after None": lambda e: e.get("retries", 0) > 0,
     "finish-time offer": lambda e: e.get("finish-time offers", 0) > 0,
@@ -62,7 +74,7 @@ LABELS = {
     "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
 }
 # Labels a passing ci run must hit; the others are reported when they fire.
-REQUIRED = ("allocation failure", "retry after None", "finish-time offer",
+REQUIRED = ("sync scheduling", "async scheduling", "allocation failure", "retry after None", "finish-time offer",
             "re-offer after preemption", "preemption", "eviction", "load", "reset", "abort",
             "async batch overlap")
 
@@ -109,6 +121,9 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
                                  lockstep=type(self).lockstep, key_name=self._name,
                                  log=self.history)
         self.engine.checks.is_finished = self._finished
+        self.engine.engine_clock = False  # a divergence names the machine's step
+        self.rule_no = 0
+        self.record("setup", **{"async": async_scheduling})
 
     # ------------------------------------------------------------------ names
     def _name(self, key: bytes) -> str:
@@ -141,10 +156,12 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     @rule(blocks=st.text(alphabet="ABC", min_size=1, max_size=4), tail=st.integers(0, 1),
           max_tokens=st.integers(1, 4))
     def add_request(self, blocks, tail, max_tokens):
+        self._next_rule()
         self.next_id += 1
         req_id = f"r{self.next_id}"
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
-        self.engine.add_request(req_id, tokens, max_tokens)
+        with vllm_raises("add_request"):
+            self.engine.add_request(req_id, tokens, max_tokens)
         self.live.append(req_id)
         self._learn_names()
         self._record("add_request")
@@ -152,16 +169,19 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     @precondition(lambda self: self.engine is not None)
     @rule(n=st.integers(1, 3))
     def step(self, n):
+        self._next_rule()
         for _ in range(n):
             if not self.engine.can_step():
                 break
-            self.engine.step()
+            with vllm_raises("an engine step"):
+                self.engine.step()
             self._learn_names()
         self._record("step")
 
     @precondition(lambda self: self.engine is not None and self.engine.worker.jobs())
     @rule(mask=st.integers(1, 15))
     def deliver(self, mask):
+        self._next_rule()
         jobs = self.engine.worker.jobs()
         picked = [j for i, j in enumerate(jobs) if mask >> (i % 4) & 1] or jobs[:1]
         self.engine.worker.finish(picked)
@@ -170,32 +190,47 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     @precondition(lambda self: self.engine is not None and self._live())
     @rule(which=st.integers(0, 3))
     def abort(self, which):
+        self._next_rule()
         live = self._live()
-        self.engine.abort(live[which % len(live)])
+        with vllm_raises("abort"):
+            self.engine.abort(live[which % len(live)])
         self._record("abort")
 
     @precondition(lambda self: self.engine is not None and not self.held)
     @rule()
     def take_gpu(self):
-        self.held = self.engine.hold_gpu_blocks()
+        self._next_rule()
+        with vllm_raises("taking the free GPU blocks"):
+            self.held = self.engine.hold_gpu_blocks()
         self._record("take_gpu")
 
     @precondition(lambda self: self.engine is not None and bool(self.held))
     @rule()
     def give_gpu(self):
-        self.engine.release_gpu_blocks(self.held)
+        self._next_rule()
+        with vllm_raises("giving the GPU blocks back"):
+            self.engine.release_gpu_blocks(self.held)
         self.held = []
         self._record("give_gpu")
 
     @precondition(lambda self: self.engine is not None)
     @rule(running_too=st.booleans())
     def reset(self, running_too):
-        # vLLM refuses to preempt the running requests first (RuntimeError) while their
-        # blocks cannot all be freed: blocks taken, a request waiting for a load, or a batch
-        # still executing (async). Then the cache is reset without it.
+        self._next_rule()
+        # vLLM refuses to preempt the running requests first while their blocks cannot all
+        # be freed (blocks taken, a load in flight, a batch still executing): it raises, the
+        # engine answers the client with that error and runs on, and the connector was not
+        # reset. The machine does what a client would see.
         if running_too and (self.held or self._loading() or self.engine.queue):
             running_too = False
-        self.engine.reset(running_too)
+        try:
+            with vllm_raises("reset_prefix_cache"):
+                self.engine.reset(running_too)
+        except VllmRaised as exc:
+            if not (running_too and isinstance(exc.__cause__, RuntimeError)
+                    and str(exc.__cause__).startswith(RESET_REFUSED)):
+                raise
+            self.engine.counts["resets refused"] += 1
         self._record("reset")
 
     # ------------------------------------------------------------------ helpers
@@ -207,6 +242,10 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         from vllm.v1.request import RequestStatus
         return any(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
                    for r in self.engine.sched.requests.values())
+
+    def _next_rule(self) -> None:
+        self.rule_no += 1
+        self.engine.oracle.set_step(self.rule_no)
 
     def _record(self, rule_name: str) -> None:
         """One history entry per step: what grew since the previous one."""
@@ -233,6 +272,29 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
                 note(f"setup: {self.setup_}; manager calls: {dict(self.engine.front.calls)}; "
                      f"unchecked: {sorted(self.engine.front.unchecked)}")
             self.count_labels()
+
+
+class VllmRaised(AssertionError):
+    """vLLM itself raised (an assertion of the release, say) while the machine drove it."""
+
+
+@contextlib.contextmanager
+def vllm_raises(what: str):
+    """A divergence passes as it is; anything else raised inside vLLM becomes one line that
+    says what the step was doing and where in vLLM it was raised."""
+    try:
+        yield
+    except Divergence:
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        inside = [f for f in frames if f"{os.sep}vllm{os.sep}" in f.filename] or frames
+        where = inside[-1]
+        path = where.filename.split(f"{os.sep}vllm{os.sep}", 1)[-1]
+        text = str(exc).strip().splitlines()
+        raise VllmRaised(f"vLLM raised {type(exc).__name__}{': ' + text[0] if text else ''} "
+                         f"during {what}, at vllm/{path}:{where.lineno} "
+                         f"({(where.line or '').strip()})") from exc
 
 
 def _block_name(tokens: tuple[int, ...]) -> str:
@@ -270,4 +332,38 @@ def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = T
     return cls
 
 
-__all__ += ["SAMPLED_TOKEN"]
+def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None,
+            lockstep: bool = True, max_examples: int | None = None,
+            find_only: bool = False) -> dict:
+    """One run of the machine on ``spec`` under ``profile``, as plain values (what the tests and
+    the bench read in a release environment): verdict, the shrunk counterexample and its step
+    count, why it failed, examples, machine steps executed, seconds and steps per second, the
+    labels hit. ``find_only``: stop at the first failure, unshrunk (the seconds to find it)."""
+    import re
+
+    from hypothesis import Phase
+
+    from .runner import run_machine
+    from .targets import resolve_target
+    from .vllm_engine import configs
+
+    configs()  # built once, before the clock starts
+    cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep)
+    kwargs = {}
+    if find_only:
+        kwargs["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    result = run_machine(cls, profile, max_examples=max_examples, database=None, **kwargs)
+    message = result.message
+    why = re.search(r"^  \((.*)\)$", message, re.MULTILINE)
+    first = message.split("\n", 1)[0]
+    return {"spec": spec, "profile": profile, "passed": result.passed,
+            "steps": result.shrunk_steps if not result.passed else None,
+            "why": why.group(1) if why else first.split(": ", 1)[-1],
+            "message": message, "program": result.program, "examples": result.examples,
+            "machine_steps": result.steps, "seconds": round(result.seconds, 2),
+            "steps_per_s": round(result.steps / result.seconds) if result.seconds else 0,
+            "labels": dict(result.labels), "required": list(result.expected),
+            "phases": result.phases}
+
+
+__all__ += ["SAMPLED_TOKEN", "summary"]

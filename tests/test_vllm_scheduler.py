@@ -1,0 +1,263 @@
+"""vLLM's own scheduling path under a machine (properties/vllm_scheduler_machine.py), in each
+release environment CI builds (tests/vllm_releases.py), and its checks without vLLM.
+
+The verdicts (issue 24):
+
+- 0.33.0 fails through its real scheduler on the seed's bug (a request's own re-offer after a
+  preemption counts again): the admitted keys differ, in at most 12 steps;
+- 0.34.0 fails on the skip undercount only: with just that mended
+  (tests/upstream_patches.py:SkipCountedOnce) it passes under ``ci`` and ``thorough``, and both
+  sync and async scheduling ran.
+
+Each request-level check breaks on a known-bad variant: cold admissions on 0.33.0's own manager
+with the oracle switched off (the seed's preemption scenario, scripted), the store-job
+accounting on a connector that completes a job twice or drops a completion, the events check
+on one that loses its removal events.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.vllm_releases import probe, releases, run_in
+
+PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
+TRACE = "tests/data/mooncake_conversation_300.jsonl"
+EXPECTED = {
+    "0.33.0": {"why": "admitted keys differ", "max_steps": 12, "cold": True},
+    "0.34.0": {"why": "vllm:kv_offload_stores_skipped differs", "max_steps": 12, "cold": False},
+}
+FAULTS = {"double_complete": "store jobs: complete_store with no store job reported for it",
+          "drop_complete": "store jobs: no complete_store for",
+          "drop_removals": "published CPU events differ from the manager's ready keys: "
+                           "announced but not ready"}
+
+RUN = """
+import json
+from kvgate.properties.vllm_scheduler_machine import summary
+out = summary({spec!r}, {profile!r}, fault={fault!r}, max_examples={n!r})
+out.pop("message")
+print(json.dumps(out))
+"""
+
+# The seed's preemption scenario through vLLM's scheduler, the oracle off: a request offers its
+# two chunks once, is preempted for want of a GPU block, resumes, and offers them again through
+# the same context; no other request ever had them.
+SEED_SCENARIO = """
+import json
+from kvgate.properties import vllm_engine as ve
+engine = ve.VllmEngine(ve.Setup(num_chunks=2, store_threshold=2), lockstep=False)
+engine.add_request("r1", [1, 1, 2, 2], 3)
+engine.step()
+held = engine.hold_gpu_blocks()
+engine.step()
+engine.release_gpu_blocks(held)
+for _ in range(3):
+    engine.step()
+print(json.dumps({"preemptions": engine.counts["preemptions"],
+                  "re_offers": engine.checks.stats["re-offers"],
+                  "failure": engine.checks.failure}))
+"""
+
+
+def run(version: str, spec: str = "vllm", profile: str = "ci", fault=None, n=None) -> dict:
+    return probe(version, RUN.format(spec=spec, profile=profile, fault=fault, n=n))
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", releases())
+def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
+    got = run(version)
+    want = EXPECTED.get(version)
+    if want is None:  # a release without a verdict here: checked, not crashed
+        assert got["passed"] or got["steps"], got
+        return
+    assert not got["passed"], got
+    assert got["why"] == want["why"], got
+    assert 1 <= got["steps"] <= want["max_steps"], got
+    # Printed as engine events a person can follow: the set-up, then requests and steps.
+    program = "\n".join(got["program"])
+    assert "state.setup(" in program and "state.add_request(blocks=" in program, program
+    assert "state.step(n=" in program, program
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("profile", ["ci", "thorough"])
+def test_0_34_0_with_the_skip_counted_once_passes_sync_and_async(profile):
+    if "0.34.0" not in releases():
+        pytest.skip("0.34.0 is not gated")
+    got = run("0.34.0", PATCHED, profile)
+    assert got["passed"], got
+    assert got["labels"].get("sync scheduling") and got["labels"].get("async scheduling"), got
+    missing = [label for label in got["required"] if not got["labels"].get(label)]
+    assert not missing, f"labels never hit: {missing}"
+    assert got["steps_per_s"] >= 400, got
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", releases())
+def test_the_cold_admission_check_alone_catches_the_seeds_bug(version):
+    got = probe(version, SEED_SCENARIO)
+    assert got["preemptions"] == 1 and got["re_offers"] >= 1, got
+    want = EXPECTED.get(version, {}).get("cold")
+    if want is True:
+        assert got["failure"].startswith("cold admission: "), got
+        assert "after 1 distinct request(s) offered it, store_threshold=2" in got["failure"]
+    elif want is False:
+        assert got["failure"] == "", got
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_each_request_level_check_catches_its_fault(fault):
+    version = "0.34.0" if "0.34.0" in releases() else releases()[0]
+    got = run(version, PATCHED if version == "0.34.0" else "vllm", "ci", fault, 300)
+    assert not got["passed"], got
+    assert FAULTS[fault] in got["why"], got
+    assert got["steps"] <= 12, got
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", releases())
+def test_replay_through_vllms_scheduler_counts_cold_admissions(version, tmp_path):
+    report = tmp_path / "replay.json"
+    done = run_in(version, "-m", "kvgate", "replay", TRACE, "--scheduler", "vllm",
+                  "--target", "vllm", "--json", str(report))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (got,) = json.loads(report.read_text())
+    assert got["requests"] == 300 and got["finished"] == 300, got
+    assert got["admitted"] > 0 and got["offers"] > 0, got
+    assert got["stores_completed"] + got["stores_stale"] + got["stores_in_flight"] \
+        == got["admitted"], got
+    want = EXPECTED.get(version, {}).get("cold")
+    if want is True:
+        assert got["cold_admissions"] > 0, got
+    elif want is False:
+        assert got["cold_admissions"] == 0, got
+
+
+# ---------------------------------------------------------------------------- without vLLM
+def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
+    from kvgate.properties import vllm_scheduler_machine as machine
+    from kvgate.properties.adapters import TargetError
+    from kvgate.properties.targets import Target
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
+    why = machine.unavailable_reason()
+    assert why is not None and "\n" not in why
+    assert why.startswith("vLLM's scheduler is not importable (")
+    assert "pip install --no-deps vllm==<version>" in why
+    with pytest.raises(TargetError) as caught:
+        machine.make_machine(Target("vllm", factory=object))
+    assert str(caught.value) == why
+
+
+def test_a_target_that_is_not_a_vllm_manager_is_refused_in_one_line(monkeypatch):
+    from kvgate.properties import vllm_scheduler_machine as machine
+    from kvgate.properties.adapters import TargetError
+    from kvgate.properties.targets import resolve_target
+    monkeypatch.setattr(machine, "unavailable_reason", lambda: None)
+    with pytest.raises(TargetError, match=r"^the vLLM scheduler machine runs a vLLM manager; "
+                                          r"target 'impl' is not 'vllm' or 'vllm=MODULE:ATTR'$"):
+        machine.make_machine(resolve_target("impl"))
+
+
+class _Spec:
+    """A store spec object, told apart by identity as the connector's are."""
+
+
+def _checks(ready=()):
+    from kvgate.properties.vllm_engine import Checks
+    return Checks(2, lambda key: key in ready, lambda key: key[:1].decode())
+
+
+class _Out:
+    def __init__(self, keys):
+        self.keys_to_store, self.store_spec, self.evicted_keys = list(keys), _Spec(), []
+
+
+A, B = b"A\0\0\0\0", b"B\0\0\0\0"
+
+
+def test_store_job_accounting_wants_one_completion_per_reported_job():
+    checks = _checks()
+    first, second = object(), object()
+    for ctx in (first, second):
+        checks.offered([A, B], ctx)
+    out = _Out([A, B])
+    checks.prepared([A, B], second, out)
+    checks.issued(7, out.store_spec, gpu_blocks=2, blocks_per_chunk=1)
+    checks.completed([B, A])  # in any order: 0.33.0 keeps a job's keys in a set
+    checks.reported([7])
+    assert checks.failure == ""
+    checks.completed([A, B])  # a second completion of the same job
+    checks.reported([])
+    assert checks.failure == "store jobs: complete_store with no store job reported for it: [A, B]"
+
+
+def test_store_job_accounting_wants_no_completion_for_a_job_a_reset_flushed():
+    checks = _checks()
+    ctxs = object(), object()
+    for ctx in ctxs:
+        checks.offered([A], ctx)
+    out = _Out([A])
+    checks.prepared([A], ctxs[1], out)
+    checks.issued(3, out.store_spec, gpu_blocks=1, blocks_per_chunk=1)
+    checks.reset()
+    checks.reported([3])  # a stale report: dropped, and nothing completed
+    assert checks.failure == "" and checks.stats["stale completions"] == 1
+    checks.completed([A])
+    checks.reported([])
+    assert checks.failure.startswith("store jobs: complete_store with no store job")
+
+
+def test_a_store_job_that_pairs_too_few_gpu_blocks_is_caught():
+    checks = _checks()
+    ctxs = object(), object()
+    for ctx in ctxs:
+        checks.offered([A, B], ctx)
+    out = _Out([A, B])
+    checks.prepared([A, B], ctxs[1], out)
+    checks.issued(1, out.store_spec, gpu_blocks=3, blocks_per_chunk=2)
+    assert checks.failure == "store job 1: 3 GPU block(s) for 2 chunk(s) of 2 block(s)"
+
+
+def test_one_requests_offers_never_admit_a_key():
+    checks = _checks()
+    ctx = object()
+    checks.offered([A], ctx)
+    checks.prepared([A], ctx, None)  # None: the retry comes through the same context
+    checks.offered([A], ctx)
+    checks.prepared([A], ctx, _Out([A]))
+    assert checks.stats["retries"] == 1
+    assert checks.failure == ("cold admission: A was admitted after 1 distinct request(s) "
+                              "offered it, store_threshold=2")
+
+
+def _event(kind: str, hashes, medium="CPU"):
+    cls = type(kind, (), {})
+    event = cls()
+    event.block_hashes, event.medium, event.group_idx = list(hashes), medium, 0
+    return event
+
+
+def test_published_events_must_announce_exactly_the_ready_keys():
+    ready = {A}
+    checks = _checks(ready)
+    checks.seen_keys |= {A, B}
+    external = bytes  # events name a block by its hash bytes here
+    checks.published([_event("BlockStored", [b"A", b"B"]), _event("BlockStored", [b"B"], "GPU")])
+    checks.check_events(external)
+    assert checks.failure == ("published CPU events differ from the manager's ready keys: "
+                              "announced but not ready ['B']")
+    checks = _checks(ready)
+    checks.seen_keys |= {A, B}
+    checks.published([_event("BlockStored", [b"A", b"B"]), _event("BlockRemoved", [b"B"])])
+    checks.check_events(external)
+    assert checks.failure == ""
+    checks.reset()  # the replay starts over; a manager that kept A ready would now be caught
+    checks.check_events(external)
+    assert checks.failure.endswith("ready but never announced ['A']")
