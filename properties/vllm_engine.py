@@ -98,11 +98,33 @@ class Setup:
     gpu_blocks: int = 16
     blocks_per_chunk: int = 1
     offload_prompt_only: bool = True
+    block_size: int = BLOCK_SIZE
+    max_seqs: int = MAX_SEQS
+    batched_tokens: int = MAX_BATCHED_TOKENS
+    max_model_len: int = MAX_MODEL_LEN
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.block_size, self.max_seqs, self.batched_tokens, self.max_model_len,
+                     self.async_scheduling)
 
 
 # ---------------------------------------------------------------------------- built once
+@dataclass(frozen=True)
+class Shape:
+    """What a ``VllmConfig`` fixes: tokens per block, the scheduler's limits, sync or async.
+    The machine runs one small shape; a replay builds the shape its flags name."""
+
+    block_size: int = BLOCK_SIZE
+    max_seqs: int = MAX_SEQS
+    batched_tokens: int = MAX_BATCHED_TOKENS
+    max_model_len: int = MAX_MODEL_LEN
+    async_scheduling: bool = False
+
+
 class _Configs:
-    """What is slow to build, built once per process (see the module docstring)."""
+    """What is slow to build, built once per process (see the module docstring): the first
+    ``VllmConfig`` takes seconds (vLLM finds its platform), each further shape milliseconds."""
 
     def __init__(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -111,8 +133,6 @@ class _Configs:
         import torch
         from torch import nn
         from vllm import ModelRegistry
-        from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,
-                                 ModelConfig, SchedulerConfig, VllmConfig)
 
         for name in ("vllm", "vllm.distributed", "vllm.v1"):
             logging.getLogger(name).setLevel(logging.ERROR)
@@ -137,32 +157,13 @@ class _Configs:
         with open(os.path.join(self.model_dir, "config.json"), "w") as f:
             json.dump({"architectures": [DUMMY_ARCH], "model_type": "llama",
                        "hidden_size": 16, "intermediate_size": 16, "num_attention_heads": 1,
-                       "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 64,
-                       "max_position_embeddings": MAX_MODEL_LEN, "torch_dtype": "float32"}, f)
-        model = ModelConfig(model=self.model_dir, tokenizer=self.model_dir,
-                            skip_tokenizer_init=True, dtype="float32",
-                            max_model_len=MAX_MODEL_LEN, seed=0)
+                       "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 1 << 20,
+                       "max_position_embeddings": 1 << 20, "torch_dtype": "float32"}, f)
         self.torch = torch
-        self.vllm = {}
-        for is_async in (False, True):
-            self.vllm[is_async] = VllmConfig(
-                model_config=model,
-                cache_config=CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=True),
-                scheduler_config=SchedulerConfig(
-                    max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_BATCHED_TOKENS,
-                    max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True,
-                    is_encoder_decoder=False, async_scheduling=is_async),
-                kv_transfer_config=KVTransferConfig(
-                    kv_connector="OffloadingConnector", kv_role="kv_both",
-                    kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20}),
-                kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
-                device_config=DeviceConfig("cpu"))
-        from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        hash_fn = get_hash_fn_by_name(self.vllm[False].cache_config.prefix_caching_hash_algo)
-        init_none_hash(hash_fn)
-        self.block_hasher = get_request_block_hasher(BLOCK_SIZE, hash_fn)
-        self._chunk_bytes: dict[int, int] = {}
+        self._models: dict[int, Any] = {}
+        self._vllm: dict[Shape, Any] = {}
+        self._hashers: dict[int, Any] = {}
+        self._chunk_bytes: dict[tuple[Shape, int], int] = {}
         self.scheduler_classes = self._scheduler_classes()
         self.runner_output_fields = self._runner_output_fields()
         try:  # how published events name a block hash (an int by default, or the bytes)
@@ -170,32 +171,72 @@ class _Configs:
             self.external_hash = maybe_convert_block_hash
         except ImportError:
             self.external_hash = bytes
+        self.vllm(Shape())  # the machine's shape, so that its first example is not the slow one
 
-    def kv_cache_config(self, gpu_blocks: int):
+    def vllm(self, shape: Shape):
+        """The ``VllmConfig`` of ``shape`` (one per shape and process; the connector's extra
+        config and the GPU block count are set per scheduler)."""
+        config = self._vllm.get(shape)
+        if config is None:
+            from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig,
+                                     KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig)
+            model = self._models.get(shape.max_model_len)
+            if model is None:
+                model = self._models[shape.max_model_len] = ModelConfig(
+                    model=self.model_dir, tokenizer=self.model_dir, skip_tokenizer_init=True,
+                    dtype="float32", max_model_len=shape.max_model_len, seed=0)
+            config = self._vllm[shape] = VllmConfig(
+                model_config=model,
+                cache_config=CacheConfig(block_size=shape.block_size,
+                                         enable_prefix_caching=True),
+                scheduler_config=SchedulerConfig(
+                    max_num_seqs=shape.max_seqs, max_num_batched_tokens=shape.batched_tokens,
+                    max_model_len=shape.max_model_len, enable_chunked_prefill=True,
+                    is_encoder_decoder=False, async_scheduling=shape.async_scheduling),
+                kv_transfer_config=KVTransferConfig(
+                    kv_connector="OffloadingConnector", kv_role="kv_both",
+                    kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20}),
+                kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+                device_config=DeviceConfig("cpu"))
+        return config
+
+    def block_hasher(self, block_size: int):
+        """vLLM's own request block hasher, with the hash the cache config names."""
+        hasher = self._hashers.get(block_size)
+        if hasher is None:
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+            hash_fn = get_hash_fn_by_name(self.vllm(Shape()).cache_config.prefix_caching_hash_algo)
+            if not self._hashers:
+                init_none_hash(hash_fn)
+            hasher = self._hashers[block_size] = get_request_block_hasher(block_size, hash_fn)
+        return hasher
+
+    def kv_cache_config(self, gpu_blocks: int, block_size: int):
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=1,
+        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
                                  dtype=self.torch.float32)
         return KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[],
                              kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
 
-    def chunk_bytes(self, blocks_per_chunk: int) -> int:
+    def chunk_bytes(self, shape: Shape, blocks_per_chunk: int) -> int:
         """What the connector's spec counts one CPU chunk as (aligned), asked of the spec."""
-        if blocks_per_chunk not in self._chunk_bytes:
+        if (shape, blocks_per_chunk) not in self._chunk_bytes:
             from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
                 build_offloading_config)
             from vllm.v1.kv_offload.factory import OffloadingSpecFactory
-            config = self.vllm[False]
+            config = self.vllm(shape)
             extra = config.kv_transfer_config.kv_connector_extra_config
             extra.clear()
             extra.update(cpu_bytes_to_use=1 << 30, blocks_per_chunk=blocks_per_chunk)
             spec = OffloadingSpecFactory.create_spec(
-                build_offloading_config(config, self.kv_cache_config(8)))
+                build_offloading_config(config, self.kv_cache_config(8, shape.block_size)))
             size = getattr(spec, "kv_bytes_per_chunk", 0)
             if not size:
                 raise RuntimeError(f"{type(spec).__name__} does not say how many bytes a "
                                    "chunk takes (no kv_bytes_per_chunk)")
-            self._chunk_bytes[blocks_per_chunk] = int(size)
-        return self._chunk_bytes[blocks_per_chunk]
+            self._chunk_bytes[(shape, blocks_per_chunk)] = int(size)
+        return self._chunk_bytes[(shape, blocks_per_chunk)]
 
     @staticmethod
     def _scheduler_classes() -> dict[bool, type]:
@@ -379,6 +420,7 @@ class Checks:
         self.is_ready = is_ready
         self.name = name
         self.failure = ""
+        self.problems: list[str] = []  # every failure, the first 20 (a replay reads them)
         self.generation = 0
         self.offerers: dict[bytes, set[tuple[int, int]]] = {}
         self.handles: dict[int, tuple[Any, int]] = {}
@@ -387,7 +429,9 @@ class Checks:
         self.flushed_by_reset: set[int] = set()  # jobs a reset flushed (never completed)
         self.completions: list[tuple[bytes, ...]] = []  # complete_store calls of this update
         self.announced: set[bytes] = set()  # (hash + group) of the CPU-tier events, replayed
-        self.seen_keys: set[bytes] = set()
+        self.dirty: set[bytes] = set()  # keys whose readiness a call may have changed
+        self.ready: dict[bytes, tuple[Any, int]] = {}  # ready key -> its name in events
+        self.names_of: dict[tuple[Any, int], bytes] = {}
         self.outcome: dict[tuple[int, int, bytes], bool] = {}  # (who, key) -> admitted or not
         self.is_finished: Callable[[str], bool] = lambda req_id: False
         self.stats = Counter()  # what happened, for the coverage labels and the replay
@@ -396,6 +440,8 @@ class Checks:
     def fail(self, text: str) -> None:
         if not self.failure:
             self.failure = text
+        if len(self.problems) < 20:
+            self.problems.append(text)
 
     # --- cold admissions
     def _handle(self, ctx: Any) -> int:
@@ -415,9 +461,10 @@ class Checks:
             self.stats["re-offers"] += 1  # a key it offered before with success: a restart
         if self.is_finished(getattr(ctx, "req_id", "")):
             self.stats["finish-time offers"] += 1
+            if any(a is False for a in again):
+                self.stats["finish-time retries"] += 1
         for key in keys:
             self.offerers.setdefault(key, set()).add(who)
-            self.seen_keys.add(key)
         self._last = (who, keys)
 
     def prepared(self, keys: list[bytes], ctx: Any, out: Any) -> None:
@@ -429,6 +476,8 @@ class Checks:
             self.stats["allocation failures"] += 1
             return
         stored = [bytes(k) for k in out.keys_to_store]
+        self.dirty.update(stored)
+        self.dirty.update(bytes(k) for k in out.evicted_keys)
         self.stats["admitted"] += len(stored)
         if out.evicted_keys:
             self.stats["evictions"] += 1
@@ -465,6 +514,7 @@ class Checks:
 
     def completed(self, keys: list[bytes]) -> None:
         self.stats["completed keys"] += len(keys)
+        self.dirty.update(bytes(k) for k in keys)
         # In any order: 0.33.0 keeps a job's keys in a set, 0.34.0 in prefix order.
         self.completions.append(tuple(sorted(bytes(k) for k in keys)))
 
@@ -504,6 +554,7 @@ class Checks:
         self.jobs.clear()
         self.specs.clear()
         self.announced.clear()  # the replay starts over at a reset, as the oracle's does
+        self.dirty.update(self.ready)
         self.stats["resets"] += 1
 
     # --- events
@@ -521,13 +572,21 @@ class Checks:
                 self.announced |= names
 
     def check_events(self, external: Callable[[bytes], Any]) -> None:
-        ready = {external(k[:-4]): k for k in self.seen_keys if self.is_ready(k)}
-        ready = {(h, int.from_bytes(k[-4:], "big")): k for h, k in ready.items()}
-        if set(ready) != self.announced:
-            names = {(external(k[:-4]), int.from_bytes(k[-4:], "big")): k for k in self.seen_keys}
-            name = lambda n: self.name(names[n]) if n in names else repr(n)  # noqa: E731
-            more = sorted(name(n) for n in self.announced - set(ready))
-            less = sorted(name(n) for n in set(ready) - self.announced)
+        """After an update (every event drained): the announced keys are the ready keys.
+        Incremental: only keys a call named since the last check are looked up again."""
+        for key in self.dirty:
+            name = (external(key[:-4]), int.from_bytes(key[-4:], "big"))
+            self.names_of[name] = key
+            if self.is_ready(key):
+                self.ready[key] = name
+            else:
+                self.ready.pop(key, None)
+        self.dirty.clear()
+        ready = set(self.ready.values())
+        if ready != self.announced:
+            name = lambda n: self.name(self.names_of[n]) if n in self.names_of else repr(n)  # noqa
+            more = sorted(name(n) for n in self.announced - ready)
+            less = sorted(name(n) for n in ready - self.announced)
             self.fail("published CPU events differ from the manager's ready keys: "
                       + ", ".join(filter(None, [f"announced but not ready {more}" if more else "",
                                                 f"ready but never announced {less}" if less
@@ -544,6 +603,8 @@ class FakeWorker:
         self.in_flight: dict[int, tuple[str, str]] = {}  # job -> ("store" | "load", req_id)
         self.done: list[int] = []  # completed, not reported yet
         self.reported: set[int] = set()
+        self.started: dict[int, int] = {}  # job -> the engine step that issued it
+        self.clock = 0  # the engine step now (the engine sets it)
         self.stats = Counter()
 
     def receive(self, meta: Any) -> None:
@@ -569,6 +630,7 @@ class FakeWorker:
         if job_id in self.in_flight or job_id in self.reported or job_id in self.done:
             self.checks.fail(f"job id {job_id} issued twice")
         self.in_flight[job_id] = (kind, req_id)
+        self.started[job_id] = self.clock
 
     def finish(self, jobs: Iterable[int]) -> None:
         for job in jobs:
@@ -581,6 +643,11 @@ class FakeWorker:
         return [j for j, (k, _) in self.in_flight.items()
                 if j not in done and (kind is None or k == kind)]
 
+    def due(self, store_delay: int, load_delay: int) -> list[int]:
+        """In-flight jobs issued at least that many engine steps ago (a replay's delays)."""
+        return [j for j in self.jobs() if self.clock + 1 - self.started[j] >=
+                (store_delay if self.in_flight[j][0] == "store" else load_delay)]
+
     def report(self) -> tuple[Any, list[int]]:
         """The ``KVConnectorOutput`` of everything completed since the last report, and the
         store jobs in it."""
@@ -591,6 +658,7 @@ class FakeWorker:
         recving, stores = set(), []
         for job in self.done:
             kind, req_id = self.in_flight.pop(job)
+            self.started.pop(job, None)
             meta.mark_completed(job)
             self.reported.add(job)
             if kind == "load":
@@ -643,19 +711,20 @@ class VllmEngine:
         cls = cfg.scheduler_classes[setup.async_scheduling]
         if cls is None:
             raise RuntimeError("this vLLM has no AsyncScheduler")
-        vllm_config = cfg.vllm[setup.async_scheduling]
+        vllm_config = cfg.vllm(setup.shape)
+        chunk_bytes = cfg.chunk_bytes(setup.shape, setup.blocks_per_chunk)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         extra.clear()
-        extra.update(cpu_bytes_to_use=setup.num_chunks * cfg.chunk_bytes(setup.blocks_per_chunk),
+        extra.update(cpu_bytes_to_use=setup.num_chunks * chunk_bytes,
                      blocks_per_chunk=setup.blocks_per_chunk,
                      store_threshold=setup.store_threshold,
                      max_tracker_size=setup.max_tracker_size, eviction_policy=setup.policy,
                      offload_prompt_only=setup.offload_prompt_only)
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
         self.sched = cls(vllm_config=vllm_config,
-                         kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks),
+                         kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size),
                          structured_output_manager=StructuredOutputManager(vllm_config),
-                         block_size=BLOCK_SIZE, log_stats=True)
+                         block_size=setup.block_size, log_stats=True)
         connector = self.sched.connector
         self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
         real = self.connector.manager
@@ -687,7 +756,7 @@ class VllmEngine:
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
         request = Request(request_id=req_id, prompt_token_ids=list(tokens),
                           sampling_params=params, pooling_params=None,
-                          block_hasher=self.cfg.block_hasher)
+                          block_hasher=self.cfg.block_hasher(self.setup.block_size))
         self.sched.add_request(request)
         return request
 
@@ -706,6 +775,7 @@ class VllmEngine:
     def step(self) -> None:
         """One engine-core step."""
         self.steps += 1
+        self.worker.clock = self.steps
         if self.engine_clock:
             self.oracle.set_step(self.steps)
         scheduled = False
@@ -790,19 +860,20 @@ def build_oracle(adapter: RawVllmAdapter, setup: Setup, *, key_name=None, log=No
     return LockstepManager(adapter, model, **kwargs)
 
 
-def release_manager(setup: Setup, built: Any) -> Any:
-    """The manager the connector's own spec built (the ``vllm`` target)."""
-    return built
+def manager_factory(target: Any) -> Callable[[Setup, Any], Any] | None:
+    """What stands behind the connector for ``target``: ``None`` for ``vllm`` (the manager the
+    connector's own spec built), else the ``vllm=MODULE:ATTR`` class built with the setup's
+    sizes (``target.factory``: num_chunks, cache_policy, store_threshold, max_tracker_size)."""
+    if target.spec == "vllm":
+        return None
 
-
-def class_manager(cls: type, spec: str) -> Callable[[Setup, Any], Any]:
-    """A ``vllm=MODULE:ATTR`` class built with the example's sizes, in the spec's place."""
-    from .vllm_adapter import vllm_factory
-    factory = vllm_factory(cls, spec)
-
-    def build(setup: Setup, built: Any) -> Any:
-        return factory(setup.num_chunks, cache_policy=setup.policy,
-                       store_threshold=setup.store_threshold,
-                       max_tracker_size=setup.max_tracker_size)
+    def build(setup: Setup, built: Any, make=target.factory) -> Any:
+        return make(setup.num_chunks, cache_policy=setup.policy,
+                    store_threshold=setup.store_threshold,
+                    max_tracker_size=setup.max_tracker_size)
 
     return build
+
+
+def is_vllm_target(spec: str) -> bool:
+    return spec == "vllm" or spec.startswith("vllm=")

@@ -43,7 +43,8 @@ from .coverage import Recorded
 from .oracle import Divergence
 from .rule_choice import install as install_rule_choice
 from .targets import Target
-from .vllm_engine import FAULTS, SAMPLED_TOKEN, Setup, VllmEngine, unavailable_reason
+from .vllm_engine import (FAULTS, SAMPLED_TOKEN, Setup, VllmEngine, is_vllm_target,
+                          manager_factory, unavailable_reason)
 
 __all__ = ["DESCRIPTION", "LABELS", "NAME", "VllmSchedulerMachine", "make_machine", "unavailable_reason"]
 
@@ -312,17 +313,12 @@ def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = T
     why = unavailable_reason()
     if why:
         raise TargetError(why)
-    if target.spec != "vllm" and not target.spec.startswith("vllm="):
+    if not is_vllm_target(target.spec):
         raise TargetError(f"the vLLM scheduler machine runs a vLLM manager; target "
                           f"{target.spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
-    factory = None
-    if target.spec != "vllm":
-        def factory(setup, built, make=target.factory):
-            return make(setup.num_chunks, cache_policy=setup.policy,
-                        store_threshold=setup.store_threshold,
-                        max_tracker_size=setup.max_tracker_size)
+    factory = manager_factory(target)
     name = machine_name("VllmSchedulerMachine", target.spec)
     suffix = (f"_{fault}" if fault else "") + ("" if lockstep else "_unchecked")
     cls = type(name + suffix, (VllmSchedulerMachine,),

@@ -123,12 +123,15 @@ def test_each_request_level_check_catches_its_fault(fault):
 @pytest.mark.parametrize("version", releases())
 def test_replay_through_vllms_scheduler_counts_cold_admissions(version, tmp_path):
     report = tmp_path / "replay.json"
+    # 300 GPU blocks of 512 tokens: vLLM preempts, and preempted requests re-offer their
+    # chunks through the same context (the default 1024 blocks never preempt on this trace).
     done = run_in(version, "-m", "kvgate", "replay", TRACE, "--scheduler", "vllm",
-                  "--target", "vllm", "--json", str(report))
+                  "--target", "vllm", "--gpu-blocks", "300", "--json", str(report))
     assert done.returncode == 0, done.stdout + done.stderr
     (got,) = json.loads(report.read_text())
     assert got["requests"] == 300 and got["finished"] == 300, got
-    assert got["admitted"] > 0 and got["offers"] > 0, got
+    assert got["admitted"] > 0 and got["preemptions"] > 0, got
+    assert got["settings"]["scheduler"] == "vllm", got
     assert got["stores_completed"] + got["stores_stale"] + got["stores_in_flight"] \
         == got["admitted"], got
     want = EXPECTED.get(version, {}).get("cold")
@@ -136,6 +139,22 @@ def test_replay_through_vllms_scheduler_counts_cold_admissions(version, tmp_path
         assert got["cold_admissions"] > 0, got
     elif want is False:
         assert got["cold_admissions"] == 0, got
+
+
+def test_replay_through_vllms_scheduler_refuses_what_it_cannot_do(capsys):
+    """Checked before any run, exit 2 and one line (with or without vLLM installed)."""
+    from kvgate.cli import main
+    for args, says in ((["--fail-every", "3"], "--fail-every does not apply"),
+                       (["--target", "impl"], "target 'impl' is not 'vllm' or"),
+                       ([], "")):
+        code = main(["replay", TRACE, "--scheduler", "vllm", *args])
+        err = capsys.readouterr().err.strip()
+        if not says:  # no flag wrong: it runs where vLLM is importable
+            assert code == 0 or err.startswith("kvgate replay: --scheduler vllm: vLLM's sch")
+            continue
+        assert code == 2 and len(err.splitlines()) == 1, err
+        assert err.startswith("kvgate replay: --scheduler vllm: ")
+        assert says in err or "vLLM's scheduler is not importable" in err, err
 
 
 # ---------------------------------------------------------------------------- without vLLM
@@ -247,14 +266,14 @@ def _event(kind: str, hashes, medium="CPU"):
 def test_published_events_must_announce_exactly_the_ready_keys():
     ready = {A}
     checks = _checks(ready)
-    checks.seen_keys |= {A, B}
+    checks.dirty |= {A, B}  # what prepare_store and complete_store name
     external = bytes  # events name a block by its hash bytes here
     checks.published([_event("BlockStored", [b"A", b"B"]), _event("BlockStored", [b"B"], "GPU")])
     checks.check_events(external)
     assert checks.failure == ("published CPU events differ from the manager's ready keys: "
                               "announced but not ready ['B']")
     checks = _checks(ready)
-    checks.seen_keys |= {A, B}
+    checks.dirty |= {A, B}
     checks.published([_event("BlockStored", [b"A", b"B"]), _event("BlockRemoved", [b"B"])])
     checks.check_events(external)
     assert checks.failure == ""
