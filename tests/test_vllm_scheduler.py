@@ -144,27 +144,36 @@ def test_replay_through_vllms_scheduler_counts_cold_admissions(version, tmp_path
 def test_replay_through_vllms_scheduler_refuses_what_it_cannot_do(capsys):
     """Checked before any run, exit 2 and one line (with or without vLLM installed)."""
     from kvgate.cli import main
-    for args, says in ((["--fail-every", "3"], "--fail-every does not apply"),
-                       (["--target", "impl"], "target 'impl' is not 'vllm' or"),
-                       ([], "")):
+    for args, says in ((["--target", "vllm", "--fail-every", "3"], "--fail-every does not apply"),
+                       (["--target", "vllm", "--worker", "copy"], "--worker copy does not apply"),
+                       (["--target", "impl"], "target 'impl' is not 'vllm' or")):
         code = main(["replay", TRACE, "--scheduler", "vllm", *args])
         err = capsys.readouterr().err.strip()
-        if not says:  # no flag wrong: it runs where vLLM is importable
-            assert code == 0 or err.startswith("kvgate replay: --scheduler vllm: vLLM's sch")
-            continue
         assert code == 2 and len(err.splitlines()) == 1, err
-        assert err.startswith("kvgate replay: --scheduler vllm: ")
-        assert says in err or "vLLM's scheduler is not importable" in err, err
+        assert err.startswith("kvgate replay: --scheduler vllm: ") and says in err, err
 
 
 # ---------------------------------------------------------------------------- without vLLM
+def test_without_vllm_replay_through_its_scheduler_says_how_to_install(monkeypatch, capsys):
+    from kvgate.cli import main
+    _no_vllm(monkeypatch)
+    assert main(["replay", TRACE, "--scheduler", "vllm", "--target", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvgate replay: --scheduler vllm: vLLM's scheduler is not importable")
+    assert "pip install --no-deps vllm==<version>" in err and len(err.splitlines()) == 1
+
+
+def _no_vllm(monkeypatch) -> None:
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
+
+
 def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
     from kvgate.properties import vllm_scheduler_machine as machine
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.targets import Target
-    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm... raises ImportError
+    _no_vllm(monkeypatch)
     why = machine.unavailable_reason()
     assert why is not None and "\n" not in why
     assert why.startswith("vLLM's scheduler is not importable (")

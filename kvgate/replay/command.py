@@ -250,9 +250,6 @@ def check_vllm_scheduler(runs) -> None:
     flag asks for what that path cannot do."""
     from kvgate.properties.vllm_engine import is_vllm_target, unavailable_reason
     from .vllm_path import unsupported
-    why = unavailable_reason()
-    if why:
-        raise ReplayUsageError(f"--scheduler vllm: {why}")
     for target, settings in runs:
         if not is_vllm_target(target):
             raise ReplayUsageError(f"--scheduler vllm: target {target!r} is not 'vllm' or "
@@ -260,6 +257,9 @@ def check_vllm_scheduler(runs) -> None:
         problem = unsupported(settings)
         if problem:
             raise ReplayUsageError(problem)
+    why = unavailable_reason()
+    if why:
+        raise ReplayUsageError(f"--scheduler vllm: {why}")
 
 
 def check_args(args):
