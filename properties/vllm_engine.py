@@ -308,10 +308,7 @@ class Front:
     oracle; vLLM gets back what the real manager returned. ``calls`` counts calls by name;
     ``unchecked`` names the calls that went to the real manager without the oracle."""
 
-    # Calls the oracle checks, and calls it may not have yet (then straight to the manager).
-    CHECKED = ("lookup", "prepare_load", "complete_load", "prepare_store", "complete_store",
-               "on_new_request", "on_request_finished", "reset_cache", "take_events",
-               "get_stats")
+    # Calls the oracle may not have yet: through it where it has them, else to the manager.
     OPTIONAL = ("get_load_source", "config_info", "has_pending_work", "on_schedule_end",
                 "on_reset_flushed", "shutdown", "touch")
 

@@ -43,10 +43,11 @@ from .coverage import Recorded
 from .oracle import Divergence
 from .rule_choice import install as install_rule_choice
 from .targets import Target
-from .vllm_engine import (FAULTS, SAMPLED_TOKEN, Setup, VllmEngine, is_vllm_target,
+from .vllm_engine import (BLOCK_SIZE, FAULTS, Setup, VllmEngine, is_vllm_target,
                           manager_factory, unavailable_reason)
 
-__all__ = ["DESCRIPTION", "LABELS", "NAME", "VllmSchedulerMachine", "make_machine", "unavailable_reason"]
+__all__ = ["DESCRIPTION", "LABELS", "NAME", "VllmSchedulerMachine", "make_machine",
+           "unavailable_reason"]
 
 POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
 TAIL_TOKEN = 5
@@ -75,9 +76,9 @@ LABELS = {
     "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
 }
 # Labels a passing ci run must hit; the others are reported when they fire.
-REQUIRED = ("sync scheduling", "async scheduling", "allocation failure", "retry after None", "finish-time offer",
-            "re-offer after preemption", "preemption", "eviction", "load", "reset", "abort",
-            "async batch overlap")
+REQUIRED = ("sync scheduling", "async scheduling", "allocation failure", "retry after None",
+            "finish-time offer", "re-offer after preemption", "preemption", "eviction", "load",
+            "reset", "abort", "async batch overlap")
 
 
 class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
@@ -137,7 +138,6 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     def _learn_names(self) -> None:
         """Name every chunk key of every live request by the prompt it ends."""
         bpc = self.setup_.blocks_per_chunk
-        from .vllm_engine import BLOCK_SIZE
         for req in self.engine.sched.requests.values():
             tokens = list(req.all_token_ids)
             for i, block_hash in enumerate(req.block_hashes):
@@ -362,4 +362,4 @@ def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None
             "phases": result.phases}
 
 
-__all__ += ["SAMPLED_TOKEN", "summary"]
+__all__ += ["summary"]
