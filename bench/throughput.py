@@ -264,11 +264,19 @@ def vllm_child(examples: int) -> dict:
     from kvgate.properties.vllm_scheduler_machine import summary
     version = installed_vllm_version()
     found = summary("vllm", find_only=True)
+    cpu = time.process_time()
     shrunk = summary("vllm")
-    plain = summary(VLLM_PASSING, max_examples=examples) if version == "0.34.0" else shrunk
+    cpu = time.process_time() - cpu
+    if version == "0.34.0":
+        cpu = time.process_time()
+        plain = summary(VLLM_PASSING, max_examples=examples)
+        cpu = time.process_time() - cpu
+    else:
+        plain = shrunk
     return {"impl_file": kvgate.impl.__file__, "version": version, "plain": plain,
             "find_s": found["seconds"], "total_s": shrunk["seconds"],
-            "steps": shrunk["steps"], "why": shrunk["why"], "passed": shrunk["passed"]}
+            "steps": shrunk["steps"], "why": shrunk["why"], "passed": shrunk["passed"],
+            "cpu_s": cpu}
 
 
 def vllm_rows(level: str, progress=None) -> list[Row]:
@@ -291,7 +299,7 @@ def vllm_rows(level: str, progress=None) -> list[Row]:
                                              if version == "0.34.0" else version)
         rows.append(Row(name, plain["examples"], plain["machine_steps"], plain["seconds"],
                         plain["seconds"], passed=plain["passed"] or version != "0.34.0",
-                        notes=[f"{version}: {verdict}"]))
+                        cpu_seconds=got["cpu_s"], notes=[f"{version}: {verdict}"]))
         if progress:
             progress(f"{name}: {rows[-1].steps_per_s:,.0f} steps/s; {verdict}")
     return rows
@@ -335,8 +343,8 @@ def table(rows: list[Row]) -> str:
         if not r.split:  # not split (the vLLM rows): figures and notes only
             out.append(
                 f"| {r.machine}{'' if r.passed else ' (FAILED)'} | {r.examples} "
-                f"| {r.steps} | {r.seconds:.2f} | {r.steps_per_s:,.0f} | - | - | - | - "
-                f"| - | {'; '.join(r.notes)} |"
+                f"| {r.steps} | {r.seconds:.2f} | {r.steps_per_s:,.0f} "
+                f"| {r.cpu_steps_per_s:,.0f} | - | - | - | - | {'; '.join(r.notes)} |"
             )
             continue
         notes = [
