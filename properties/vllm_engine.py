@@ -1,7 +1,7 @@
 """vLLM's own scheduling path, built offline on a CPU, with every manager call checked.
 
 What runs is the installed release's ``Scheduler`` (or its ``AsyncScheduler``) with the
-``OffloadingConnector``'s scheduler side (SPEC section 7, amended, turn 3). Nothing of vLLM is
+``OffloadingConnector``'s scheduler side (spec §7). Nothing of vLLM is
 imitated on the scheduler's side; only the model runner and the connector's worker are fakes:
 
 - ``configs()`` builds, once per process, what is slow to build: a dummy architecture
@@ -10,15 +10,17 @@ imitated on the scheduler's side; only the model runner and the connector's work
   in bytes that the connector's ``CPUOffloadingSpec`` divides ``cpu_bytes_to_use`` by.
   ``VllmEngine(setup, ...)`` then builds a fresh scheduler from them in about a millisecond:
   only the connector's extra config (CPU bytes, ``store_threshold``, ``max_tracker_size``,
-  the eviction policy) and the GPU block count change between examples.
+  the eviction policy) and the GPU block count change between examples; a ``Shape`` (tokens
+  per block, the scheduler's limits, sync or async, KV events on or off) gets its own
+  ``VllmConfig`` the first time it is asked for.
 - The manager behind the connector is the release's own, as the connector's spec builds it,
   or a ``vllm=MODULE:ATTR`` class built with the same sizes. Where the connector keeps its
   manager, a ``Front`` stands: each call goes through the lockstep oracle
-  (``properties.oracle.LockstepManager``) whose target is a ``VllmAdapter`` over the real
-  manager, and the front hands vLLM back exactly what the real manager returned (its raw
-  answer, captured in one place: ``RawVllmAdapter``). A call the oracle does not know yet
-  (``on_schedule_end``, ``on_reset_flushed``, ...) goes to the real manager directly and is
-  listed in ``Front.unchecked``.
+  (``properties.oracle.LockstepManager``) whose target is the target's adapter over the real
+  manager (``VllmAdapter``), and the front hands vLLM back exactly what the real manager
+  returned (the adapter's ``raw``). A call the oracle does not know (``on_schedule_end``,
+  ``on_reset_flushed``, ``shutdown``) goes to the real manager directly and is listed in
+  ``Front.unchecked``.
 - ``FakeWorker`` stands for the connector's worker side: it reads each step's connector
   metadata (store jobs, load jobs, jobs to flush), holds every job in flight until the machine
   delivers it (a flushed job and a synchronous load complete in the step that names them, as
@@ -61,7 +63,7 @@ from typing import Any
 from kvgate.impl.base import STORES_SKIPPED
 
 from .oracle import LockstepManager
-from .vllm_adapter import INSTALL_HINT, VllmAdapter, VllmTypes
+from .vllm_adapter import INSTALL_HINT
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 CONNECTOR_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
@@ -75,7 +77,7 @@ FAULTS = ("double_complete", "drop_complete", "drop_removals")
 
 def unavailable_reason() -> str | None:
     """Why vLLM's scheduling path cannot run here (one line, saying how to install a release,
-    SPEC section 10), or ``None`` when it can."""
+    spec §10), or ``None`` when it can."""
     for module in (SCHEDULER_MODULE, CONNECTOR_SCHEDULER_MODULE):
         try:
             importlib.import_module(module)
@@ -102,11 +104,12 @@ class Setup:
     max_seqs: int = MAX_SEQS
     batched_tokens: int = MAX_BATCHED_TOKENS
     max_model_len: int = MAX_MODEL_LEN
+    kv_events: bool = True
 
     @property
     def shape(self) -> Shape:
         return Shape(self.block_size, self.max_seqs, self.batched_tokens, self.max_model_len,
-                     self.async_scheduling)
+                     self.async_scheduling, self.kv_events)
 
 
 # ---------------------------------------------------------------------------- built once
@@ -120,6 +123,7 @@ class Shape:
     batched_tokens: int = MAX_BATCHED_TOKENS
     max_model_len: int = MAX_MODEL_LEN
     async_scheduling: bool = False
+    kv_events: bool = True  # KVEventsConfig.enable_kv_cache_events (vLLM's default is off)
 
 
 class _Configs:
@@ -196,7 +200,8 @@ class _Configs:
                 kv_transfer_config=KVTransferConfig(
                     kv_connector="OffloadingConnector", kv_role="kv_both",
                     kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20}),
-                kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+                kv_events_config=KVEventsConfig(enable_kv_cache_events=shape.kv_events,
+                                                publisher="null"),
                 device_config=DeviceConfig("cpu"))
         return config
 
@@ -263,46 +268,10 @@ def configs() -> _Configs:
     return _CONFIGS
 
 
-# ---------------------------------------------------------------------------- raw answers
-class _Recording:
-    """The real manager, with the latest return value of each call kept (``last``).
-    ``take_events`` is drained into a list here, so both the adapter and vLLM read it."""
-
-    def __init__(self, manager: Any):
-        self._manager = manager
-        self.last: dict[str, Any] = {}
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._manager, name)
-        if not callable(value) or name.startswith("_"):
-            return value
-
-        def call(*args, **kwargs):
-            out = value(*args, **kwargs)
-            if name == "take_events":
-                out = list(out or ())
-            self.last[name] = out
-            return out
-
-        return call
-
-
-class RawVllmAdapter(VllmAdapter):
-    """``VllmAdapter`` that also keeps what the release itself returned: ``raw(call)``.
-
-    The one place where raw answers are captured; when ``VllmAdapter`` gains ``raw`` (the
-    release's return value of its latest call), this class can go."""
-
-    def __init__(self, manager: Any, types: VllmTypes | None = None):
-        self.recording = _Recording(manager)
-        super().__init__(self.recording, types)
-        self.real = manager
-
-    def raw(self, call: str) -> Any:
-        return self.recording.last.get(call)
-
-
 # ---------------------------------------------------------------------------- the front
+_NOT_ASKED = object()  # the adapter's raw answer before a call reaches the manager
+
+
 class Front:
     """Stands where the connector scheduler keeps its manager. Each call goes through the
     oracle; vLLM gets back what the real manager returned. ``calls`` counts calls by name;
@@ -312,10 +281,11 @@ class Front:
     OPTIONAL = ("get_load_source", "config_info", "has_pending_work", "on_schedule_end",
                 "on_reset_flushed", "shutdown", "touch")
 
-    def __init__(self, oracle: LockstepManager, adapter: RawVllmAdapter, checks: Checks,
+    def __init__(self, oracle: LockstepManager, adapter: Any, real: Any, checks: Checks,
                  fault: str | None = None):
         self.oracle = oracle
         self.adapter = adapter
+        self.real = real
         self.checks = checks
         self.fault = fault
         self.calls: Counter = Counter()
@@ -324,12 +294,16 @@ class Front:
 
     @property
     def lock(self):
-        return getattr(self.adapter.real, "lock", None) or contextlib.nullcontext()
+        return getattr(self.real, "lock", None) or contextlib.nullcontext()
 
     def _through(self, name: str, *args, **kwargs) -> Any:
+        """The call through the oracle; what the real manager answered (``None`` where the
+        oracle did not ask it: a call the target lacks)."""
         self.calls[name] += 1
+        self.adapter.raw = _NOT_ASKED
         getattr(self.oracle, name)(*args, **kwargs)
-        return self.adapter.raw(name)
+        raw, self.adapter.raw = self.adapter.raw, None
+        return None if raw is _NOT_ASKED else raw
 
     def lookup(self, key, req_context=None):
         return self._through("lookup", key, req_context)
@@ -385,21 +359,22 @@ class Front:
 
     def get_stats(self):
         self.calls["get_stats"] += 1
+        self.adapter.raw = _NOT_ASKED
         plain = self.oracle.get_stats() or {}
         self.checks.stats["skips"] += int(plain.get(STORES_SKIPPED, 0) or 0)
-        return self.adapter.raw("get_stats")
+        raw, self.adapter.raw = self.adapter.raw, None
+        return None if raw is _NOT_ASKED else raw
 
     def __getattr__(self, name: str) -> Any:
         if name not in self.OPTIONAL:
             raise AttributeError(name)
-        real = getattr(self.adapter.real, name)  # AttributeError where the release lacks it
+        real = getattr(self.real, name)  # AttributeError where the release lacks it
         checked = getattr(type(self.oracle), name, None)
 
         def call(*args, **kwargs):
-            self.calls[name] += 1
             if checked is not None:
-                checked(self.oracle, *args, **kwargs)
-                return self.adapter.raw(name)
+                return self._through(name, *args, **kwargs)
+            self.calls[name] += 1
             self.unchecked.add(name)
             return real(*args, **kwargs)
 
@@ -696,15 +671,19 @@ class VllmEngine:
     as an engine core steps it (sync: schedule, execute, update; async: a queue of two
     batches, as ``step_with_batch_queue`` keeps it)."""
 
-    def __init__(self, setup: Setup, manager_factory: Callable[[Setup, Any], Any] | None = None,
-                 types: VllmTypes | None = None, model_factory: Callable[..., Any] | None = None,
-                 fault: str | None = None, lockstep: bool = True,
-                 key_name: Callable[[bytes], str] | None = None,
+    def __init__(self, setup: Setup, target: Any = None, *, fault: str | None = None,
+                 lockstep: bool = True, key_name: Callable[[bytes], str] | None = None,
                  log: list[dict[str, Any]] | None = None):
+        """``target``: a resolved ``vllm`` or ``vllm=MODULE:ATTR`` target (``None``: the
+        installed release's ``vllm``)."""
         from vllm.v1.structured_output import StructuredOutputManager
+        if target is None:
+            from .targets import resolve_target
+            target = resolve_target("vllm")
         cfg = configs()
         self.setup = setup
         self.cfg = cfg
+        self.target = target
         cls = cfg.scheduler_classes[setup.async_scheduling]
         if cls is None:
             raise RuntimeError("this vLLM has no AsyncScheduler")
@@ -725,15 +704,17 @@ class VllmEngine:
         connector = self.sched.connector
         self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
         real = self.connector.manager
-        if manager_factory is not None:
-            real = manager_factory(setup, real)
+        factory = manager_factory(target)
+        info = spec_config_info(setup, chunk_bytes)  # what the spec told the manager it built
+        if factory is not None:
+            real, info = factory(setup, real), None
         self.key_name = key_name or (lambda k: k.hex()[:8])
-        self.adapter = RawVllmAdapter(real, types)
+        self.adapter = target.adapter(real)
         self.checks = Checks(setup.store_threshold, self._ready, self.key_name)
-        self.oracle = build_oracle(self.adapter, setup, key_name=self.key_name, log=log,
-                                   model_factory=model_factory)
-        target = self.oracle if lockstep else _Unchecked(self.adapter)
-        self.front = Front(target, self.adapter, self.checks, fault)
+        self.oracle = build_oracle(self.adapter, setup, target, key_name=self.key_name, log=log,
+                                   config_info=info)
+        front_of = self.oracle if lockstep else _Unchecked(self.adapter)
+        self.front = Front(front_of, self.adapter, real, self.checks, fault)
         self.connector.manager = self.front
         self.sched.kv_event_publisher = _Published(self.checks)
         self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
@@ -808,7 +789,8 @@ class VllmEngine:
         kwargs = {k: v for k, v in kwargs.items() if k in fields}
         self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
         self.checks.reported(batch.stores)
-        self.checks.check_events(self.cfg.external_hash)
+        if self.setup.kv_events:  # with events off, nothing is announced, by design
+            self.checks.check_events(self.cfg.external_hash)
 
     def drain(self) -> None:
         """Process every queued batch (the engine waits for what it already executed)."""
@@ -833,7 +815,7 @@ class _Unchecked:
     """In place of the oracle (``lockstep=False``, for the tests of the request-level checks
     alone): every call goes to the adapter unchecked."""
 
-    def __init__(self, adapter: RawVllmAdapter):
+    def __init__(self, adapter: Any):
         self.adapter = adapter
 
     def set_step(self, step: int) -> None:
@@ -843,15 +825,30 @@ class _Unchecked:
         return getattr(self.adapter, name)
 
 
-def build_oracle(adapter: RawVllmAdapter, setup: Setup, *, key_name=None, log=None,
-                 model_factory=None) -> LockstepManager:
-    """The lockstep oracle over ``adapter``: the one place where this path picks how a vLLM
-    manager is judged (today: foreign, SPEC section 9; exact once the oracle judges vLLM
-    releases exactly)."""
+def spec_config_info(setup: Setup, chunk_bytes: int) -> list[dict[str, Any]]:
+    """What a manager built by the connector's ``CPUOffloadingSpec`` publishes as its
+    configuration (``config_info``): the tier's chunks, blocks per chunk, size in bytes (the
+    spec's aligned chunk size) and the tokens it holds for requests of ``max_model_len``
+    tokens (one full-attention group: the chunks one such request needs, rounded up)."""
+    chunk_tokens = setup.block_size * setup.blocks_per_chunk
+    per_request = -(-setup.max_model_len // chunk_tokens)
+    return [{"cpu_num_chunks": setup.num_chunks, "cpu_blocks_per_chunk": setup.blocks_per_chunk,
+             "cpu_kv_cache_size_bytes": setup.num_chunks * chunk_bytes,
+             "cpu_kv_cache_size_tokens": setup.num_chunks * setup.max_model_len // per_request}]
+
+
+def build_oracle(adapter: Any, setup: Setup, target: Any, *, key_name=None,
+                 log=None, config_info: list | None = None) -> LockstepManager:
+    """The lockstep oracle over ``adapter``, judging it as ``target`` says (exact for a vLLM
+    release, foreign for ``foreign=vllm...``: spec §9), the model built with the recency the
+    target was found to have (spec §4). ``config_info``: what the manager was told to publish
+    (a manager the connector's spec built), else the model's own answer."""
     from kvgate.model.cache import Model
-    make = model_factory or Model
-    model = make(setup.num_chunks, setup.policy, setup.store_threshold, setup.max_tracker_size)
-    kwargs: dict[str, Any] = {"foreign": True, "log": log}
+    model = Model(setup.num_chunks, setup.policy, setup.store_threshold, setup.max_tracker_size,
+                  target.recencies[0], enable_events=setup.kv_events)
+    if config_info is not None:
+        model.config_info = lambda: [dict(m) for m in config_info]
+    kwargs: dict[str, Any] = {"foreign": target.foreign, "log": log}
     if key_name is not None:
         kwargs["key_name"] = key_name
     return LockstepManager(adapter, model, **kwargs)
@@ -860,17 +857,20 @@ def build_oracle(adapter: RawVllmAdapter, setup: Setup, *, key_name=None, log=No
 def manager_factory(target: Any) -> Callable[[Setup, Any], Any] | None:
     """What stands behind the connector for ``target``: ``None`` for ``vllm`` (the manager the
     connector's own spec built), else the ``vllm=MODULE:ATTR`` class built with the setup's
-    sizes (``target.factory``: num_chunks, cache_policy, store_threshold, max_tracker_size)."""
-    if target.spec == "vllm":
+    sizes (``target.factory``: num_chunks, cache_policy, store_threshold, max_tracker_size,
+    enable_events as the connector's spec would pass it)."""
+    if target.spec in ("vllm", "foreign=vllm"):
         return None
 
     def build(setup: Setup, built: Any, make=target.factory) -> Any:
         return make(setup.num_chunks, cache_policy=setup.policy,
                     store_threshold=setup.store_threshold,
-                    max_tracker_size=setup.max_tracker_size)
+                    max_tracker_size=setup.max_tracker_size, enable_events=setup.kv_events)
 
     return build
 
 
 def is_vllm_target(spec: str) -> bool:
+    """``vllm``, ``vllm=MODULE:ATTR``, either of them ``foreign=``."""
+    spec = spec.removeprefix("foreign=")
     return spec == "vllm" or spec.startswith("vllm=")

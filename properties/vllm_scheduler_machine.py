@@ -44,7 +44,7 @@ from .oracle import Divergence
 from .rule_choice import install as install_rule_choice
 from .targets import Target
 from .vllm_engine import (BLOCK_SIZE, FAULTS, Setup, VllmEngine, is_vllm_target,
-                          manager_factory, unavailable_reason)
+                          unavailable_reason)
 
 __all__ = ["DESCRIPTION", "LABELS", "NAME", "VllmSchedulerMachine", "make_machine",
            "unavailable_reason"]
@@ -62,6 +62,8 @@ DESCRIPTION = ("requests through vLLM's own Scheduler (sync and async) and Offlo
 LABELS = {
     "sync scheduling": lambda e: e["rule"] == "setup" and not e["async"],
     "async scheduling": lambda e: e["rule"] == "setup" and e["async"],
+    "KV events on": lambda e: e["rule"] == "setup" and e["events"],
+    "KV events off": lambda e: e["rule"] == "setup" and not e["events"],
     "allocation failure": lambda e: e.get("allocation failures", 0) > 0,
     "retry after None": lambda e: e.get("retries", 0) > 0,
     "finish-time offer": lambda e: e.get("finish-time offers", 0) > 0,
@@ -76,16 +78,17 @@ LABELS = {
     "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
 }
 # Labels a passing ci run must hit; the others are reported when they fire.
-REQUIRED = ("sync scheduling", "async scheduling", "allocation failure", "retry after None",
+REQUIRED = ("sync scheduling", "async scheduling", "KV events on", "KV events off",
+            "allocation failure", "retry after None",
             "finish-time offer", "re-offer after preemption", "preemption", "eviction", "load",
             "reset", "abort", "async batch overlap")
 
 
 class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
-    """Set ``manager_factory`` (None: the release's own manager), ``fault`` and ``lockstep``
-    on a subclass (``make_machine``)."""
+    """Set ``target`` (a resolved vLLM target), ``fault`` and ``lockstep`` on a subclass
+    (``make_machine``)."""
 
-    manager_factory = None
+    target = None
     fault: str | None = None
     lockstep: bool = True
     LABELS = LABELS
@@ -108,24 +111,21 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         install_rule_choice(self)
 
     # ------------------------------------------------------------------ set-up
-    @initialize(num_chunks=st.integers(1, 4), threshold=st.sampled_from([2, 2, 3, 1, 0]),
-                tracker=st.sampled_from([64_000, 2, 1, 4]), policy=st.sampled_from(["lru", "arc"]),
-                async_scheduling=st.booleans(), gpu_blocks=st.sampled_from([16, 10, 24]),
-                blocks_per_chunk=st.sampled_from([1, 2]), prompt_only=st.booleans())
-    def setup(self, num_chunks, threshold, tracker, policy, async_scheduling, gpu_blocks,
-              blocks_per_chunk, prompt_only):
+    def _configure(self, num_chunks, threshold, tracker, policy, async_scheduling, gpu_blocks,
+                   blocks_per_chunk, prompt_only, kv_events):
+        """The set-up rule (``make_machine`` declares it, with its strategies)."""
         self.setup_ = Setup(num_chunks=num_chunks, store_threshold=threshold,
                             max_tracker_size=tracker, policy=policy,
                             async_scheduling=async_scheduling, gpu_blocks=gpu_blocks,
-                            blocks_per_chunk=blocks_per_chunk, offload_prompt_only=prompt_only)
-        factory = type(self).manager_factory
-        self.engine = VllmEngine(self.setup_, factory, fault=type(self).fault,
+                            blocks_per_chunk=blocks_per_chunk, offload_prompt_only=prompt_only,
+                            kv_events=kv_events)
+        self.engine = VllmEngine(self.setup_, type(self).target, fault=type(self).fault,
                                  lockstep=type(self).lockstep, key_name=self._name,
                                  log=self.history)
         self.engine.checks.is_finished = self._finished
         self.engine.engine_clock = False  # a divergence names the machine's step
         self.rule_no = 0
-        self.record("setup", **{"async": async_scheduling})
+        self.record("setup", **{"async": async_scheduling, "events": kv_events})
 
     # ------------------------------------------------------------------ names
     def _name(self, key: bytes) -> str:
@@ -303,12 +303,22 @@ def _block_name(tokens: tuple[int, ...]) -> str:
     return letter if letter else "[" + ",".join(map(str, tokens)) + "]"
 
 
-def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = True):
+# The set-up rule's strategies; ``kv_events`` is drawn unless ``make_machine`` fixes it.
+SETUP = dict(num_chunks=st.integers(1, 4), threshold=st.sampled_from([2, 2, 3, 1, 0]),
+             tracker=st.sampled_from([64_000, 2, 1, 4]), policy=st.sampled_from(["lru", "arc"]),
+             async_scheduling=st.booleans(), gpu_blocks=st.sampled_from([16, 10, 24]),
+             blocks_per_chunk=st.sampled_from([1, 2]), prompt_only=st.booleans())
+
+
+def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = True,
+                 kv_events: bool | None = None):
     """The machine class over vLLM's scheduling path with ``target``'s manager behind the
     connector: ``vllm`` (the manager the connector's spec builds) or ``vllm=MODULE:ATTR`` (that
-    class, built with the example's sizes). ``fault`` (one of ``FAULTS``) and
+    class, built with the example's sizes), either checked exactly or ``foreign=``. ``fault`` (one of ``FAULTS``) and
     ``lockstep=False`` (no oracle: the request-level checks alone) are for tests of the
-    checks. ``TargetError`` (one line) for another target or where vLLM is not importable."""
+    checks; ``kv_events`` fixes vLLM's ``enable_kv_cache_events`` (drawn when ``None``; vLLM's
+    default is off). ``TargetError`` (one line) for another target or where vLLM is not
+    importable."""
     from .manager_machine import machine_name
     why = unavailable_reason()
     if why:
@@ -318,19 +328,24 @@ def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = T
                           f"{target.spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
-    factory = manager_factory(target)
     name = machine_name("VllmSchedulerMachine", target.spec)
-    suffix = (f"_{fault}" if fault else "") + ("" if lockstep else "_unchecked")
-    cls = type(name + suffix, (VllmSchedulerMachine,),
-               {"manager_factory": staticmethod(factory) if factory else None,
-                "fault": fault, "lockstep": lockstep})
-    cls.__qualname__ = cls.__name__
-    return cls
+    suffix = (f"_{fault}" if fault else "") + ("" if lockstep else "_unchecked") + \
+        ("" if kv_events is None else f"_events_{'on' if kv_events else 'off'}")
+    events = st.booleans() if kv_events is None else st.just(kv_events)
+
+    class Machine(VllmSchedulerMachine):
+        @initialize(**SETUP, kv_events=events)
+        def setup(self, **drawn):
+            self._configure(**drawn)
+
+    Machine.target, Machine.fault, Machine.lockstep = target, fault, lockstep
+    Machine.__name__ = Machine.__qualname__ = name + suffix
+    return Machine
 
 
 def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None,
             lockstep: bool = True, max_examples: int | None = None,
-            find_only: bool = False) -> dict:
+            find_only: bool = False, kv_events: bool | None = None) -> dict:
     """One run of the machine on ``spec`` under ``profile``, as plain values (what the tests and
     the bench read in a release environment): verdict, the shrunk counterexample and its step
     count, why it failed, examples, machine steps executed, seconds and steps per second, the
@@ -344,7 +359,8 @@ def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None
     from .vllm_engine import configs
 
     configs()  # built once, before the clock starts
-    cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep)
+    cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep,
+                       kv_events=kv_events)
     kwargs = {}
     if find_only:
         kwargs["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]

@@ -61,7 +61,7 @@ def replay_vllm(trace: Sequence[TraceRequest], tgt: Any, settings: ReplaySetting
                 check: bool = False,
                 progress: Callable[[int, int], None] | None = None) -> ReplayReport:
     from kvgate.properties.oracle import Divergence
-    from kvgate.properties.vllm_engine import Setup, VllmEngine, manager_factory
+    from kvgate.properties.vllm_engine import Setup, VllmEngine
     s = replace(settings, policy=settings.policy or tgt.policies[0])
     if s.limit is not None:
         trace = trace[:s.limit]
@@ -71,7 +71,7 @@ def replay_vllm(trace: Sequence[TraceRequest], tgt: Any, settings: ReplaySetting
                   gpu_blocks=s.gpu_blocks, blocks_per_chunk=s.blocks_per_chunk,
                   block_size=s.block_size, max_seqs=s.max_running,
                   batched_tokens=s.prefill_tokens, max_model_len=longest + s.block_size)
-    engine = VllmEngine(setup, manager_factory(tgt), lockstep=check)
+    engine = VllmEngine(setup, tgt, lockstep=check)
     sched = engine.sched
     engine.checks.is_finished = lambda req_id: (req_id not in sched.requests
                                                 or sched.requests[req_id].is_finished())
