@@ -1,8 +1,8 @@
 """The machine over vLLM's own scheduling path (``properties.vllm_engine``).
 
 Each rule is an engine event, applied to the installed release's ``Scheduler`` (sync or async,
-drawn per example) with the ``OffloadingConnector``'s scheduler side and the target manager
-behind it, every manager call checked by the lockstep oracle:
+and KV events on or off, drawn per example) with the ``OffloadingConnector``'s scheduler side
+and the target manager behind it, every manager call checked by the lockstep oracle:
 
 - ``add_request(blocks, tail, max_tokens)``: a new request whose prompt is a string of block
   contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
