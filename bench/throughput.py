@@ -262,6 +262,7 @@ def vllm_child(examples: int) -> dict:
     import kvgate.impl
     from kvgate.properties.vllm_adapter import installed_vllm_version
     from kvgate.properties.vllm_scheduler_machine import summary
+
     version = installed_vllm_version()
     found = summary("vllm", find_only=True)
     cpu = time.process_time()
@@ -273,16 +274,24 @@ def vllm_child(examples: int) -> dict:
         cpu = time.process_time() - cpu
     else:
         plain = shrunk
-    return {"impl_file": kvgate.impl.__file__, "version": version, "plain": plain,
-            "find_s": found["seconds"], "total_s": shrunk["seconds"],
-            "steps": shrunk["steps"], "why": shrunk["why"], "passed": shrunk["passed"],
-            "cpu_s": cpu}
+    return {
+        "impl_file": kvgate.impl.__file__,
+        "version": version,
+        "plain": plain,
+        "find_s": found["seconds"],
+        "total_s": shrunk["seconds"],
+        "steps": shrunk["steps"],
+        "why": shrunk["why"],
+        "passed": shrunk["passed"],
+        "cpu_s": cpu,
+    }
 
 
 def vllm_rows(level: str, progress=None) -> list[Row]:
     """One row per built release environment (none where no environment is built, or at the
     smoke level)."""
     from bench.release_envs import release_pythons, run_child
+
     found, _ = release_pythons()
     n = VLLM_EXAMPLES[LEVELS.index(level)]
     if not n:
@@ -291,15 +300,28 @@ def vllm_rows(level: str, progress=None) -> list[Row]:
     for version, python in found:
         got = run_child(python, "bench.throughput", ["--vllm-child", str(n)])
         plain = got["plain"]
-        verdict = ("passes" if got["passed"] else
-                   f"counterexample found in {got['find_s']:.1f} s, shrunk in "
-                   f"{max(0.0, got['total_s'] - got['find_s']):.1f} s to {got['steps']} steps "
-                   f"({got['why']})")
-        name = "vLLM scheduler machine, " + (f"{version} + SkipCountedOnce"
-                                             if version == "0.34.0" else version)
-        rows.append(Row(name, plain["examples"], plain["machine_steps"], plain["seconds"],
-                        plain["seconds"], passed=plain["passed"] or version != "0.34.0",
-                        cpu_seconds=got["cpu_s"], notes=[f"{version}: {verdict}"]))
+        verdict = (
+            "passes"
+            if got["passed"]
+            else f"counterexample found in {got['find_s']:.1f} s, shrunk in "
+            f"{max(0.0, got['total_s'] - got['find_s']):.1f} s to {got['steps']} steps "
+            f"({got['why']})"
+        )
+        name = "vLLM scheduler machine, " + (
+            f"{version} + SkipCountedOnce" if version == "0.34.0" else version
+        )
+        rows.append(
+            Row(
+                name,
+                plain["examples"],
+                plain["machine_steps"],
+                plain["seconds"],
+                plain["seconds"],
+                passed=plain["passed"] or version != "0.34.0",
+                cpu_seconds=got["cpu_s"],
+                notes=[f"{version}: {verdict}"],
+            )
+        )
         if progress:
             progress(f"{name}: {rows[-1].steps_per_s:,.0f} steps/s; {verdict}")
     return rows
@@ -406,6 +428,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.vllm_child is not None:  # run by vllm_rows inside a release environment
         import json
+
         print(json.dumps(vllm_child(args.vllm_child)))
         return 0
     rows = measure("quick" if args.quick else "full")

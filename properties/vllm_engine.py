@@ -46,6 +46,7 @@ Three request-level checks sit on top of the oracle, each with a fault that brea
   replayed from the last cache reset, announce exactly the keys the manager has ready
   (``Checks.events``; fault ``drop_removals``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -108,8 +109,14 @@ class Setup:
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.block_size, self.max_seqs, self.batched_tokens, self.max_model_len,
-                     self.async_scheduling, self.kv_events)
+        return Shape(
+            self.block_size,
+            self.max_seqs,
+            self.batched_tokens,
+            self.max_model_len,
+            self.async_scheduling,
+            self.kv_events,
+        )
 
 
 # ---------------------------------------------------------------------------- built once
@@ -159,10 +166,21 @@ class _Configs:
         ModelRegistry.register_model(DUMMY_ARCH, KvgateDummyForCausalLM)
         self.model_dir = tempfile.mkdtemp(prefix="kvgate-vllm-model-")
         with open(os.path.join(self.model_dir, "config.json"), "w") as f:
-            json.dump({"architectures": [DUMMY_ARCH], "model_type": "llama",
-                       "hidden_size": 16, "intermediate_size": 16, "num_attention_heads": 1,
-                       "num_key_value_heads": 1, "num_hidden_layers": 1, "vocab_size": 1 << 20,
-                       "max_position_embeddings": 1 << 20, "torch_dtype": "float32"}, f)
+            json.dump(
+                {
+                    "architectures": [DUMMY_ARCH],
+                    "model_type": "llama",
+                    "hidden_size": 16,
+                    "intermediate_size": 16,
+                    "num_attention_heads": 1,
+                    "num_key_value_heads": 1,
+                    "num_hidden_layers": 1,
+                    "vocab_size": 1 << 20,
+                    "max_position_embeddings": 1 << 20,
+                    "torch_dtype": "float32",
+                },
+                f,
+            )
         self.torch = torch
         self._models: dict[int, Any] = {}
         self._vllm: dict[Shape, Any] = {}
@@ -172,6 +190,7 @@ class _Configs:
         self.runner_output_fields = self._runner_output_fields()
         try:  # how published events name a block hash (an int by default, or the bytes)
             from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
             self.external_hash = maybe_convert_block_hash
         except ImportError:
             self.external_hash = bytes
@@ -182,27 +201,47 @@ class _Configs:
         config and the GPU block count are set per scheduler)."""
         config = self._vllm.get(shape)
         if config is None:
-            from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig,
-                                     KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig)
+            from vllm.config import (
+                CacheConfig,
+                DeviceConfig,
+                KVEventsConfig,
+                KVTransferConfig,
+                ModelConfig,
+                SchedulerConfig,
+                VllmConfig,
+            )
+
             model = self._models.get(shape.max_model_len)
             if model is None:
                 model = self._models[shape.max_model_len] = ModelConfig(
-                    model=self.model_dir, tokenizer=self.model_dir, skip_tokenizer_init=True,
-                    dtype="float32", max_model_len=shape.max_model_len, seed=0)
+                    model=self.model_dir,
+                    tokenizer=self.model_dir,
+                    skip_tokenizer_init=True,
+                    dtype="float32",
+                    max_model_len=shape.max_model_len,
+                    seed=0,
+                )
             config = self._vllm[shape] = VllmConfig(
                 model_config=model,
-                cache_config=CacheConfig(block_size=shape.block_size,
-                                         enable_prefix_caching=True),
+                cache_config=CacheConfig(block_size=shape.block_size, enable_prefix_caching=True),
                 scheduler_config=SchedulerConfig(
-                    max_num_seqs=shape.max_seqs, max_num_batched_tokens=shape.batched_tokens,
-                    max_model_len=shape.max_model_len, enable_chunked_prefill=True,
-                    is_encoder_decoder=False, async_scheduling=shape.async_scheduling),
+                    max_num_seqs=shape.max_seqs,
+                    max_num_batched_tokens=shape.batched_tokens,
+                    max_model_len=shape.max_model_len,
+                    enable_chunked_prefill=True,
+                    is_encoder_decoder=False,
+                    async_scheduling=shape.async_scheduling,
+                ),
                 kv_transfer_config=KVTransferConfig(
-                    kv_connector="OffloadingConnector", kv_role="kv_both",
-                    kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20}),
-                kv_events_config=KVEventsConfig(enable_kv_cache_events=shape.kv_events,
-                                                publisher="null"),
-                device_config=DeviceConfig("cpu"))
+                    kv_connector="OffloadingConnector",
+                    kv_role="kv_both",
+                    kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20},
+                ),
+                kv_events_config=KVEventsConfig(
+                    enable_kv_cache_events=shape.kv_events, publisher="null"
+                ),
+                device_config=DeviceConfig("cpu"),
+            )
         return config
 
     def block_hasher(self, block_size: int):
@@ -211,6 +250,7 @@ class _Configs:
         if hasher is None:
             from vllm.utils.hashing import get_hash_fn_by_name
             from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
             hash_fn = get_hash_fn_by_name(self.vllm(Shape()).cache_config.prefix_caching_hash_algo)
             if not self._hashers:
                 init_none_hash(hash_fn)
@@ -219,42 +259,54 @@ class _Configs:
 
     def kv_cache_config(self, gpu_blocks: int, block_size: int):
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-        spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1,
-                                 dtype=self.torch.float32)
-        return KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[],
-                             kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)])
+
+        spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=self.torch.float32
+        )
+        return KVCacheConfig(
+            num_blocks=gpu_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+        )
 
     def chunk_bytes(self, shape: Shape, blocks_per_chunk: int) -> int:
         """What the connector's spec counts one CPU chunk as (aligned), asked of the spec."""
         if (shape, blocks_per_chunk) not in self._chunk_bytes:
             from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
-                build_offloading_config)
+                build_offloading_config,
+            )
             from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
             config = self.vllm(shape)
             extra = config.kv_transfer_config.kv_connector_extra_config
             extra.clear()
             extra.update(cpu_bytes_to_use=1 << 30, blocks_per_chunk=blocks_per_chunk)
             spec = OffloadingSpecFactory.create_spec(
-                build_offloading_config(config, self.kv_cache_config(8, shape.block_size)))
+                build_offloading_config(config, self.kv_cache_config(8, shape.block_size))
+            )
             size = getattr(spec, "kv_bytes_per_chunk", 0)
             if not size:
-                raise RuntimeError(f"{type(spec).__name__} does not say how many bytes a "
-                                   "chunk takes (no kv_bytes_per_chunk)")
+                raise RuntimeError(
+                    f"{type(spec).__name__} does not say how many bytes a "
+                    "chunk takes (no kv_bytes_per_chunk)"
+                )
             self._chunk_bytes[(shape, blocks_per_chunk)] = int(size)
         return self._chunk_bytes[(shape, blocks_per_chunk)]
 
     @staticmethod
     def _scheduler_classes() -> dict[bool, type]:
         from vllm.v1.core.sched.scheduler import Scheduler
+
         try:
             from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         except ImportError:
-            AsyncScheduler = None  # noqa: N806 - a release without it runs sync only
+            AsyncScheduler = None
         return {False: Scheduler, True: AsyncScheduler}
 
     @staticmethod
     def _runner_output_fields() -> frozenset[str]:
         from vllm.v1.outputs import ModelRunnerOutput
+
         return frozenset(f.name for f in dataclasses.fields(ModelRunnerOutput))
 
 
@@ -278,11 +330,24 @@ class Front:
     ``unchecked`` names the calls that went to the real manager without the oracle."""
 
     # Calls the oracle may not have yet: through it where it has them, else to the manager.
-    OPTIONAL = ("get_load_source", "config_info", "has_pending_work", "on_schedule_end",
-                "on_reset_flushed", "shutdown", "touch")
+    OPTIONAL = (
+        "get_load_source",
+        "config_info",
+        "has_pending_work",
+        "on_schedule_end",
+        "on_reset_flushed",
+        "shutdown",
+        "touch",
+    )
 
-    def __init__(self, oracle: LockstepManager, adapter: Any, real: Any, checks: Checks,
-                 fault: str | None = None):
+    def __init__(
+        self,
+        oracle: LockstepManager,
+        adapter: Any,
+        real: Any,
+        checks: Checks,
+        fault: str | None = None,
+    ):
         self.oracle = oracle
         self.adapter = adapter
         self.real = real
@@ -386,8 +451,9 @@ class Checks:
     """The checks that sit on top of the oracle (see the module docstring). Each records its
     first failure in ``failure`` (one line), which the machine raises."""
 
-    def __init__(self, threshold: int, is_ready: Callable[[bytes], bool],
-                 name: Callable[[bytes], str]):
+    def __init__(
+        self, threshold: int, is_ready: Callable[[bytes], bool], name: Callable[[bytes], str]
+    ):
         self.threshold = threshold
         self.is_ready = is_ready
         self.name = name
@@ -461,10 +527,13 @@ class Checks:
             n = len(self.offerers.get(key, ()))
             if n < self.threshold:
                 self.stats["cold admissions"] += 1
-                self.cold.append(f"{self.name(key)} admitted after {n} distinct request(s) "
-                                 "offered it")
-                self.fail(f"cold admission: {self.name(key)} was admitted after {n} distinct "
-                          f"request(s) offered it, store_threshold={self.threshold}")
+                self.cold.append(
+                    f"{self.name(key)} admitted after {n} distinct request(s) offered it"
+                )
+                self.fail(
+                    f"cold admission: {self.name(key)} was admitted after {n} distinct "
+                    f"request(s) offered it, store_threshold={self.threshold}"
+                )
 
     def loaded(self, keys: list[bytes]) -> None:
         self.stats["loads"] += 1
@@ -480,8 +549,10 @@ class Checks:
         if job_id in self.jobs:
             self.fail(f"store job {job_id} issued twice")
         if gpu_blocks != len(keys) * blocks_per_chunk:
-            self.fail(f"store job {job_id}: {gpu_blocks} GPU block(s) for {len(keys)} "
-                      f"chunk(s) of {blocks_per_chunk} block(s)")
+            self.fail(
+                f"store job {job_id}: {gpu_blocks} GPU block(s) for {len(keys)} "
+                f"chunk(s) of {blocks_per_chunk} block(s)"
+            )
         self.jobs[job_id] = keys
 
     def completed(self, keys: list[bytes]) -> None:
@@ -509,11 +580,14 @@ class Checks:
             extra, missing = got - expected, expected - got
             what = []
             if missing:
-                what.append("no complete_store for " + "; ".join(
-                    self._keys(k) for k in missing.elements()))
+                what.append(
+                    "no complete_store for " + "; ".join(self._keys(k) for k in missing.elements())
+                )
             if extra:
-                what.append("complete_store with no store job reported for it: " + "; ".join(
-                    self._keys(k) for k in extra.elements()))
+                what.append(
+                    "complete_store with no store job reported for it: "
+                    + "; ".join(self._keys(k) for k in extra.elements())
+                )
             self.fail("store jobs: " + ", ".join(what))
 
     def _keys(self, keys: tuple[bytes, ...]) -> str:
@@ -559,10 +633,18 @@ class Checks:
             name = lambda n: self.name(self.names_of[n]) if n in self.names_of else repr(n)  # noqa
             more = sorted(name(n) for n in self.announced - ready)
             less = sorted(name(n) for n in ready - self.announced)
-            self.fail("published CPU events differ from the manager's ready keys: "
-                      + ", ".join(filter(None, [f"announced but not ready {more}" if more else "",
-                                                f"ready but never announced {less}" if less
-                                                else ""])))
+            self.fail(
+                "published CPU events differ from the manager's ready keys: "
+                + ", ".join(
+                    filter(
+                        None,
+                        [
+                            f"announced but not ready {more}" if more else "",
+                            f"ready but never announced {less}" if less else "",
+                        ],
+                    )
+                )
+            )
 
 
 # ---------------------------------------------------------------------------- the worker side
@@ -612,20 +694,29 @@ class FakeWorker:
     def jobs(self, kind: str | None = None) -> list[int]:
         """In-flight jobs not completed yet, oldest first."""
         done = set(self.done)
-        return [j for j, (k, _) in self.in_flight.items()
-                if j not in done and (kind is None or k == kind)]
+        return [
+            j
+            for j, (k, _) in self.in_flight.items()
+            if j not in done and (kind is None or k == kind)
+        ]
 
     def due(self, store_delay: int, load_delay: int) -> list[int]:
         """In-flight jobs issued at least that many engine steps ago (a replay's delays)."""
-        return [j for j in self.jobs() if self.clock + 1 - self.started[j] >=
-                (store_delay if self.in_flight[j][0] == "store" else load_delay)]
+        return [
+            j
+            for j in self.jobs()
+            if self.clock + 1 - self.started[j]
+            >= (store_delay if self.in_flight[j][0] == "store" else load_delay)
+        ]
 
     def report(self) -> tuple[Any, list[int]]:
         """The ``KVConnectorOutput`` of everything completed since the last report, and the
         store jobs in it."""
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
-            OffloadingWorkerMetadata)
+            OffloadingWorkerMetadata,
+        )
         from vllm.v1.outputs import KVConnectorOutput
+
         meta = OffloadingWorkerMetadata()
         recving, stores = set(), []
         for job in self.done:
@@ -638,9 +729,11 @@ class FakeWorker:
             elif kind == "store":
                 stores.append(job)
         self.done = []
-        output = KVConnectorOutput(finished_sending=set(), finished_recving=recving,
-                                   kv_connector_worker_meta=meta if meta.completed_jobs
-                                   else None)
+        output = KVConnectorOutput(
+            finished_sending=set(),
+            finished_recving=recving,
+            kv_connector_worker_meta=meta if meta.completed_jobs else None,
+        )
         return output, stores
 
 
@@ -671,14 +764,23 @@ class VllmEngine:
     as an engine core steps it (sync: schedule, execute, update; async: a queue of two
     batches, as ``step_with_batch_queue`` keeps it)."""
 
-    def __init__(self, setup: Setup, target: Any = None, *, fault: str | None = None,
-                 lockstep: bool = True, key_name: Callable[[bytes], str] | None = None,
-                 log: list[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        setup: Setup,
+        target: Any = None,
+        *,
+        fault: str | None = None,
+        lockstep: bool = True,
+        key_name: Callable[[bytes], str] | None = None,
+        log: list[dict[str, Any]] | None = None,
+    ):
         """``target``: a resolved ``vllm`` or ``vllm=MODULE:ATTR`` target (``None``: the
         installed release's ``vllm``)."""
         from vllm.v1.structured_output import StructuredOutputManager
+
         if target is None:
             from .targets import resolve_target
+
             target = resolve_target("vllm")
         cfg = configs()
         self.setup = setup
@@ -691,16 +793,22 @@ class VllmEngine:
         chunk_bytes = cfg.chunk_bytes(setup.shape, setup.blocks_per_chunk)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         extra.clear()
-        extra.update(cpu_bytes_to_use=setup.num_chunks * chunk_bytes,
-                     blocks_per_chunk=setup.blocks_per_chunk,
-                     store_threshold=setup.store_threshold,
-                     max_tracker_size=setup.max_tracker_size, eviction_policy=setup.policy,
-                     offload_prompt_only=setup.offload_prompt_only)
+        extra.update(
+            cpu_bytes_to_use=setup.num_chunks * chunk_bytes,
+            blocks_per_chunk=setup.blocks_per_chunk,
+            store_threshold=setup.store_threshold,
+            max_tracker_size=setup.max_tracker_size,
+            eviction_policy=setup.policy,
+            offload_prompt_only=setup.offload_prompt_only,
+        )
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
-        self.sched = cls(vllm_config=vllm_config,
-                         kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size),
-                         structured_output_manager=StructuredOutputManager(vllm_config),
-                         block_size=setup.block_size, log_stats=True)
+        self.sched = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size),
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=setup.block_size,
+            log_stats=True,
+        )
         connector = self.sched.connector
         self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
         real = self.connector.manager
@@ -711,8 +819,9 @@ class VllmEngine:
         self.key_name = key_name or (lambda k: k.hex()[:8])
         self.adapter = target.adapter(real)
         self.checks = Checks(setup.store_threshold, self._ready, self.key_name)
-        self.oracle = build_oracle(self.adapter, setup, target, key_name=self.key_name, log=log,
-                                   config_info=info)
+        self.oracle = build_oracle(
+            self.adapter, setup, target, key_name=self.key_name, log=log, config_info=info
+        )
         front_of = self.oracle if lockstep else _Unchecked(self.adapter)
         self.front = Front(front_of, self.adapter, real, self.checks, fault)
         self.connector.manager = self.front
@@ -731,21 +840,28 @@ class VllmEngine:
     def add_request(self, req_id: str, tokens: list[int], max_tokens: int) -> Any:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
+
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        request = Request(request_id=req_id, prompt_token_ids=list(tokens),
-                          sampling_params=params, pooling_params=None,
-                          block_hasher=self.cfg.block_hasher(self.setup.block_size))
+        request = Request(
+            request_id=req_id,
+            prompt_token_ids=list(tokens),
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self.cfg.block_hasher(self.setup.block_size),
+        )
         self.sched.add_request(request)
         return request
 
     def abort(self, req_id: str) -> None:
         from vllm.v1.request import RequestStatus
+
         self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
     def reset(self, running_too: bool = False) -> bool:
         """The path vLLM's ``reset_prefix_cache(reset_connector=True)`` takes."""
-        return bool(self.sched.reset_prefix_cache(reset_running_requests=running_too,
-                                                  reset_connector=True))
+        return bool(
+            self.sched.reset_prefix_cache(reset_running_requests=running_too, reset_connector=True)
+        )
 
     def can_step(self) -> bool:
         return bool(self.queue) or self.sched.has_requests()
@@ -778,11 +894,13 @@ class VllmEngine:
 
     def _update(self, batch: _Batch) -> None:
         from vllm.v1.outputs import ModelRunnerOutput
+
         req_ids = list(batch.output.num_scheduled_tokens)
         kwargs: dict[str, Any] = dict(
             req_ids=req_ids,
             sampled_token_ids=[[SAMPLED_TOKEN] if batch.sampled[r] else [] for r in req_ids],
-            kv_connector_output=batch.kv_output)
+            kv_connector_output=batch.kv_output,
+        )
         if "req_id_to_index" in self.cfg.runner_output_fields:
             kwargs["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
         fields = self.cfg.runner_output_fields
@@ -832,20 +950,39 @@ def spec_config_info(setup: Setup, chunk_bytes: int) -> list[dict[str, Any]]:
     tokens (one full-attention group: the chunks one such request needs, rounded up)."""
     chunk_tokens = setup.block_size * setup.blocks_per_chunk
     per_request = -(-setup.max_model_len // chunk_tokens)
-    return [{"cpu_num_chunks": setup.num_chunks, "cpu_blocks_per_chunk": setup.blocks_per_chunk,
-             "cpu_kv_cache_size_bytes": setup.num_chunks * chunk_bytes,
-             "cpu_kv_cache_size_tokens": setup.num_chunks * setup.max_model_len // per_request}]
+    return [
+        {
+            "cpu_num_chunks": setup.num_chunks,
+            "cpu_blocks_per_chunk": setup.blocks_per_chunk,
+            "cpu_kv_cache_size_bytes": setup.num_chunks * chunk_bytes,
+            "cpu_kv_cache_size_tokens": setup.num_chunks * setup.max_model_len // per_request,
+        }
+    ]
 
 
-def build_oracle(adapter: Any, setup: Setup, target: Any, *, key_name=None,
-                 log=None, config_info: list | None = None) -> LockstepManager:
+def build_oracle(
+    adapter: Any,
+    setup: Setup,
+    target: Any,
+    *,
+    key_name=None,
+    log=None,
+    config_info: list | None = None,
+) -> LockstepManager:
     """The lockstep oracle over ``adapter``, judging it as ``target`` says (exact for a vLLM
     release, foreign for ``foreign=vllm...``: spec §9), the model built with the recency the
     target was found to have (spec §4). ``config_info``: what the manager was told to publish
     (a manager the connector's spec built), else the model's own answer."""
     from kvgate.model.cache import Model
-    model = Model(setup.num_chunks, setup.policy, setup.store_threshold, setup.max_tracker_size,
-                  target.recencies[0], enable_events=setup.kv_events)
+
+    model = Model(
+        setup.num_chunks,
+        setup.policy,
+        setup.store_threshold,
+        setup.max_tracker_size,
+        target.recencies[0],
+        enable_events=setup.kv_events,
+    )
     if config_info is not None:
         model.config_info = lambda: [dict(m) for m in config_info]
     kwargs: dict[str, Any] = {"foreign": target.foreign, "log": log}
@@ -863,9 +1000,13 @@ def manager_factory(target: Any) -> Callable[[Setup, Any], Any] | None:
         return None
 
     def build(setup: Setup, built: Any, make=target.factory) -> Any:
-        return make(setup.num_chunks, cache_policy=setup.policy,
-                    store_threshold=setup.store_threshold,
-                    max_tracker_size=setup.max_tracker_size, enable_events=setup.kv_events)
+        return make(
+            setup.num_chunks,
+            cache_policy=setup.policy,
+            store_threshold=setup.store_threshold,
+            max_tracker_size=setup.max_tracker_size,
+            enable_events=setup.kv_events,
+        )
 
     return build
 

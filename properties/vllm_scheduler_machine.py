@@ -27,6 +27,7 @@ what the request-level checks found.
 ``make_machine(target)`` gives the machine class for a ``vllm`` or ``vllm=MODULE:ATTR``
 target; ``unavailable_reason()`` says why it cannot run here (no vLLM), or ``None``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,11 +44,16 @@ from .coverage import Recorded
 from .oracle import Divergence
 from .rule_choice import install as install_rule_choice
 from .targets import Target
-from .vllm_engine import (BLOCK_SIZE, FAULTS, Setup, VllmEngine, is_vllm_target,
-                          unavailable_reason)
+from .vllm_engine import BLOCK_SIZE, FAULTS, Setup, VllmEngine, is_vllm_target, unavailable_reason
 
-__all__ = ["DESCRIPTION", "LABELS", "NAME", "VllmSchedulerMachine", "make_machine",
-           "unavailable_reason"]
+__all__ = [
+    "DESCRIPTION",
+    "LABELS",
+    "NAME",
+    "VllmSchedulerMachine",
+    "make_machine",
+    "unavailable_reason",
+]
 
 POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
 TAIL_TOKEN = 5
@@ -56,8 +62,10 @@ MAX_LIVE = 4
 RESET_REFUSED = "Failed to reset KV cache even when all the running requests are preempted"
 
 NAME = "vllm-scheduler"
-DESCRIPTION = ("requests through vLLM's own Scheduler (sync and async) and OffloadingConnector, "
-               "every manager call checked")
+DESCRIPTION = (
+    "requests through vLLM's own Scheduler (sync and async) and OffloadingConnector, "
+    "every manager call checked"
+)
 
 LABELS = {
     "sync scheduling": lambda e: e["rule"] == "setup" and not e["async"],
@@ -78,10 +86,22 @@ LABELS = {
     "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
 }
 # Labels a passing ci run must hit; the others are reported when they fire.
-REQUIRED = ("sync scheduling", "async scheduling", "KV events on", "KV events off",
-            "allocation failure", "retry after None",
-            "finish-time offer", "re-offer after preemption", "preemption", "eviction", "load",
-            "reset", "abort", "async batch overlap")
+REQUIRED = (
+    "sync scheduling",
+    "async scheduling",
+    "KV events on",
+    "KV events off",
+    "allocation failure",
+    "retry after None",
+    "finish-time offer",
+    "re-offer after preemption",
+    "preemption",
+    "eviction",
+    "load",
+    "reset",
+    "abort",
+    "async batch overlap",
+)
 
 
 class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
@@ -92,8 +112,15 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     fault: str | None = None
     lockstep: bool = True
     LABELS = LABELS
-    RULE_WEIGHTS = {"step": 4, "add_request": 3, "deliver": 3, "abort": 1, "take_gpu": 1,
-                    "give_gpu": 1, "reset": 1}
+    RULE_WEIGHTS = {
+        "step": 4,
+        "add_request": 3,
+        "deliver": 3,
+        "abort": 1,
+        "take_gpu": 1,
+        "give_gpu": 1,
+        "reset": 1,
+    }
     SWARM_ALWAYS = ("step", "add_request", "deliver")
 
     @classmethod
@@ -111,17 +138,38 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         install_rule_choice(self)
 
     # ------------------------------------------------------------------ set-up
-    def _configure(self, num_chunks, threshold, tracker, policy, async_scheduling, gpu_blocks,
-                   blocks_per_chunk, prompt_only, kv_events):
+    def _configure(
+        self,
+        num_chunks,
+        threshold,
+        tracker,
+        policy,
+        async_scheduling,
+        gpu_blocks,
+        blocks_per_chunk,
+        prompt_only,
+        kv_events,
+    ):
         """The set-up rule (``make_machine`` declares it, with its strategies)."""
-        self.setup_ = Setup(num_chunks=num_chunks, store_threshold=threshold,
-                            max_tracker_size=tracker, policy=policy,
-                            async_scheduling=async_scheduling, gpu_blocks=gpu_blocks,
-                            blocks_per_chunk=blocks_per_chunk, offload_prompt_only=prompt_only,
-                            kv_events=kv_events)
-        self.engine = VllmEngine(self.setup_, type(self).target, fault=type(self).fault,
-                                 lockstep=type(self).lockstep, key_name=self._name,
-                                 log=self.history)
+        self.setup_ = Setup(
+            num_chunks=num_chunks,
+            store_threshold=threshold,
+            max_tracker_size=tracker,
+            policy=policy,
+            async_scheduling=async_scheduling,
+            gpu_blocks=gpu_blocks,
+            blocks_per_chunk=blocks_per_chunk,
+            offload_prompt_only=prompt_only,
+            kv_events=kv_events,
+        )
+        self.engine = VllmEngine(
+            self.setup_,
+            type(self).target,
+            fault=type(self).fault,
+            lockstep=type(self).lockstep,
+            key_name=self._name,
+            log=self.history,
+        )
         self.engine.checks.is_finished = self._finished
         self.engine.engine_clock = False  # a divergence names the machine's step
         self.rule_no = 0
@@ -145,8 +193,10 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
                     continue
                 key = bytes(block_hash) + b"\0\0\0\0"
                 if key not in self.names:
-                    self.names[key] = "".join(_block_name(tuple(tokens[j:j + BLOCK_SIZE]))
-                                              for j in range(0, (i + 1) * BLOCK_SIZE, BLOCK_SIZE))
+                    self.names[key] = "".join(
+                        _block_name(tuple(tokens[j : j + BLOCK_SIZE]))
+                        for j in range(0, (i + 1) * BLOCK_SIZE, BLOCK_SIZE)
+                    )
 
     def _finished(self, req_id: str) -> bool:
         req = self.engine.sched.requests.get(req_id)
@@ -154,8 +204,11 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ engine events
     @precondition(lambda self: self.engine is not None and len(self._live()) < MAX_LIVE)
-    @rule(blocks=st.text(alphabet="ABC", min_size=1, max_size=4), tail=st.integers(0, 1),
-          max_tokens=st.integers(1, 4))
+    @rule(
+        blocks=st.text(alphabet="ABC", min_size=1, max_size=4),
+        tail=st.integers(0, 1),
+        max_tokens=st.integers(1, 4),
+    )
     def add_request(self, blocks, tail, max_tokens):
         self._next_rule()
         self.next_id += 1
@@ -228,8 +281,11 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             with vllm_raises("reset_prefix_cache"):
                 self.engine.reset(running_too)
         except VllmRaised as exc:
-            if not (running_too and isinstance(exc.__cause__, RuntimeError)
-                    and str(exc.__cause__).startswith(RESET_REFUSED)):
+            if not (
+                running_too
+                and isinstance(exc.__cause__, RuntimeError)
+                and str(exc.__cause__).startswith(RESET_REFUSED)
+            ):
                 raise
             self.engine.counts["resets refused"] += 1
         self._record("reset")
@@ -241,8 +297,11 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
 
     def _loading(self) -> bool:
         from vllm.v1.request import RequestStatus
-        return any(r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                   for r in self.engine.sched.requests.values())
+
+        return any(
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            for r in self.engine.sched.requests.values()
+        )
 
     def _next_rule(self) -> None:
         self.rule_no += 1
@@ -270,8 +329,10 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     def teardown(self):
         if self.engine is not None:
             if currently_in_test_context():
-                note(f"setup: {self.setup_}; manager calls: {dict(self.engine.front.calls)}; "
-                     f"unchecked: {sorted(self.engine.front.unchecked)}")
+                note(
+                    f"setup: {self.setup_}; manager calls: {dict(self.engine.front.calls)}; "
+                    f"unchecked: {sorted(self.engine.front.unchecked)}"
+                )
             self.count_labels()
 
 
@@ -293,9 +354,11 @@ def vllm_raises(what: str):
         where = inside[-1]
         path = where.filename.split(f"{os.sep}vllm{os.sep}", 1)[-1]
         text = str(exc).strip().splitlines()
-        raise VllmRaised(f"vLLM raised {type(exc).__name__}{': ' + text[0] if text else ''} "
-                         f"during {what}, at vllm/{path}:{where.lineno} "
-                         f"({(where.line or '').strip()})") from exc
+        raise VllmRaised(
+            f"vLLM raised {type(exc).__name__}{': ' + text[0] if text else ''} "
+            f"during {what}, at vllm/{path}:{where.lineno} "
+            f"({(where.line or '').strip()})"
+        ) from exc
 
 
 def _block_name(tokens: tuple[int, ...]) -> str:
@@ -304,33 +367,50 @@ def _block_name(tokens: tuple[int, ...]) -> str:
 
 
 # The set-up rule's strategies; ``kv_events`` is drawn unless ``make_machine`` fixes it.
-SETUP = dict(num_chunks=st.integers(1, 4), threshold=st.sampled_from([2, 2, 3, 1, 0]),
-             tracker=st.sampled_from([64_000, 2, 1, 4]), policy=st.sampled_from(["lru", "arc"]),
-             async_scheduling=st.booleans(), gpu_blocks=st.sampled_from([16, 10, 24]),
-             blocks_per_chunk=st.sampled_from([1, 2]), prompt_only=st.booleans())
+SETUP = dict(
+    num_chunks=st.integers(1, 4),
+    threshold=st.sampled_from([2, 2, 3, 1, 0]),
+    tracker=st.sampled_from([64_000, 2, 1, 4]),
+    policy=st.sampled_from(["lru", "arc"]),
+    async_scheduling=st.booleans(),
+    gpu_blocks=st.sampled_from([16, 10, 24]),
+    blocks_per_chunk=st.sampled_from([1, 2]),
+    prompt_only=st.booleans(),
+)
 
 
-def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = True,
-                 kv_events: bool | None = None):
+def make_machine(
+    target: Target,
+    *,
+    fault: str | None = None,
+    lockstep: bool = True,
+    kv_events: bool | None = None,
+):
     """The machine class over vLLM's scheduling path with ``target``'s manager behind the
     connector: ``vllm`` (the manager the connector's spec builds) or ``vllm=MODULE:ATTR`` (that
-    class, built with the example's sizes), either checked exactly or ``foreign=``. ``fault`` (one of ``FAULTS``) and
-    ``lockstep=False`` (no oracle: the request-level checks alone) are for tests of the
-    checks; ``kv_events`` fixes vLLM's ``enable_kv_cache_events`` (drawn when ``None``; vLLM's
-    default is off). ``TargetError`` (one line) for another target or where vLLM is not
-    importable."""
+    class, built with the example's sizes), either checked exactly or ``foreign=``. ``fault``
+    (one of ``FAULTS``) and ``lockstep=False`` (no oracle: the request-level checks alone) are
+    for tests of the checks; ``kv_events`` fixes vLLM's ``enable_kv_cache_events`` (drawn when
+    ``None``; vLLM's default is off). ``TargetError`` (one line) for another target or where
+    vLLM is not importable."""
     from .manager_machine import machine_name
+
     why = unavailable_reason()
     if why:
         raise TargetError(why)
     if not is_vllm_target(target.spec):
-        raise TargetError(f"the vLLM scheduler machine runs a vLLM manager; target "
-                          f"{target.spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
+        raise TargetError(
+            f"the vLLM scheduler machine runs a vLLM manager; target "
+            f"{target.spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'"
+        )
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
     name = machine_name("VllmSchedulerMachine", target.spec)
-    suffix = (f"_{fault}" if fault else "") + ("" if lockstep else "_unchecked") + \
-        ("" if kv_events is None else f"_events_{'on' if kv_events else 'off'}")
+    suffix = (
+        (f"_{fault}" if fault else "")
+        + ("" if lockstep else "_unchecked")
+        + ("" if kv_events is None else f"_events_{'on' if kv_events else 'off'}")
+    )
     events = st.booleans() if kv_events is None else st.just(kv_events)
 
     class Machine(VllmSchedulerMachine):
@@ -343,9 +423,16 @@ def make_machine(target: Target, *, fault: str | None = None, lockstep: bool = T
     return Machine
 
 
-def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None,
-            lockstep: bool = True, max_examples: int | None = None,
-            find_only: bool = False, kv_events: bool | None = None) -> dict:
+def summary(
+    spec: str = "vllm",
+    profile: str = "ci",
+    *,
+    fault: str | None = None,
+    lockstep: bool = True,
+    max_examples: int | None = None,
+    find_only: bool = False,
+    kv_events: bool | None = None,
+) -> dict:
     """One run of the machine on ``spec`` under ``profile``, as plain values (what the tests and
     the bench read in a release environment): verdict, the shrunk counterexample and its step
     count, why it failed, examples, machine steps executed, seconds and steps per second, the
@@ -359,8 +446,7 @@ def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None
     from .vllm_engine import configs
 
     configs()  # built once, before the clock starts
-    cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep,
-                       kv_events=kv_events)
+    cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep, kv_events=kv_events)
     kwargs = {}
     if find_only:
         kwargs["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
@@ -368,14 +454,22 @@ def summary(spec: str = "vllm", profile: str = "ci", *, fault: str | None = None
     message = result.message
     why = re.search(r"^  \((.*)\)$", message, re.MULTILINE)
     first = message.split("\n", 1)[0]
-    return {"spec": spec, "profile": profile, "passed": result.passed,
-            "steps": result.shrunk_steps if not result.passed else None,
-            "why": why.group(1) if why else first.split(": ", 1)[-1],
-            "message": message, "program": result.program, "examples": result.examples,
-            "machine_steps": result.steps, "seconds": round(result.seconds, 2),
-            "steps_per_s": round(result.steps / result.seconds) if result.seconds else 0,
-            "labels": dict(result.labels), "required": list(result.expected),
-            "phases": result.phases}
+    return {
+        "spec": spec,
+        "profile": profile,
+        "passed": result.passed,
+        "steps": result.shrunk_steps if not result.passed else None,
+        "why": why.group(1) if why else first.split(": ", 1)[-1],
+        "message": message,
+        "program": result.program,
+        "examples": result.examples,
+        "machine_steps": result.steps,
+        "seconds": round(result.seconds, 2),
+        "steps_per_s": round(result.steps / result.seconds) if result.seconds else 0,
+        "labels": dict(result.labels),
+        "required": list(result.expected),
+        "phases": result.phases,
+    }
 
 
 __all__ += ["summary"]

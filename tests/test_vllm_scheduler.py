@@ -17,6 +17,7 @@ with the oracle switched off (the seed's preemption scenario, scripted), the sto
 accounting on a connector that completes a job twice or drops a completion, the events check
 on one that loses its removal events.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,20 +30,27 @@ from tests.vllm_releases import probe, releases, run_in
 PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
 TRACE = "tests/data/mooncake_conversation_300.jsonl"
 ADMITTED = "admitted keys differ"
-OVERCOUNT = ("a count exceeds the distinct requests that offered the key since it entered the "
-             "tracker")
+OVERCOUNT = (
+    "a count exceeds the distinct requests that offered the key since it entered the tracker"
+)
 EVENT_DETAILS = "event details differ"
 SKIPS = "vllm:kv_offload_stores_skipped differs"
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
 EXPECTED = {
-    "0.33.0": {"off": {ADMITTED, OVERCOUNT}, "drawn": {ADMITTED, OVERCOUNT, EVENT_DETAILS},
-               "max_steps": 12, "cold": True},
+    "0.33.0": {
+        "off": {ADMITTED, OVERCOUNT},
+        "drawn": {ADMITTED, OVERCOUNT, EVENT_DETAILS},
+        "max_steps": 12,
+        "cold": True,
+    },
     "0.34.0": {"off": {SKIPS}, "drawn": {SKIPS}, "max_steps": 12, "cold": False},
 }
-FAULTS = {"double_complete": "store jobs: complete_store with no store job reported for it",
-          "drop_complete": "store jobs: no complete_store for",
-          "drop_removals": "published CPU events differ from the manager's ready keys: "
-                           "announced but not ready"}
+FAULTS = {
+    "double_complete": "store jobs: complete_store with no store job reported for it",
+    "drop_complete": "store jobs: no complete_store for",
+    "drop_removals": "published CPU events differ from the manager's ready keys: "
+    "announced but not ready",
+}
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost
 # about 15 s, so a probe does all its runs in one process). A run is (spec, profile, fault,
@@ -85,8 +93,9 @@ def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
     """The ``ci`` verdict, shrunk, with KV events off and drawn; and the cold-admission check
     alone (no oracle) on the seed's preemption scenario: it catches 0.33.0's own manager and
     lets 0.34.0's pass."""
-    got = in_release(version, ("vllm", "ci", None, False, False),
-                     ("vllm", "ci", None, False, None), seed=True)
+    got = in_release(
+        version, ("vllm", "ci", None, False, False), ("vllm", "ci", None, False, None), seed=True
+    )
     (off, drawn), seed = got["runs"], got["seed"]
     assert seed["preemptions"] == 1 and seed["re_offers"] >= 1, seed
     want = EXPECTED.get(version)
@@ -103,8 +112,9 @@ def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
     assert "state.add_request(blocks=" in program and "state.step(n=" in program, program
     if want["cold"]:
         assert seed["failure"].startswith("cold admission: "), seed
-        assert seed["failure"].endswith(" was admitted after 1 distinct request(s) offered it, "
-                                        "store_threshold=2"), seed
+        assert seed["failure"].endswith(
+            " was admitted after 1 distinct request(s) offered it, store_threshold=2"
+        ), seed
     else:
         assert seed["failure"] == "", seed
 
@@ -117,8 +127,11 @@ def test_0_34_0_with_the_skip_counted_once_passes_sync_and_async(profile):
     if "0.34.0" not in releases():
         pytest.skip("0.34.0 is not gated")
     faults = sorted(FAULTS) if profile == "ci" else []
-    got = in_release("0.34.0", (PATCHED, profile, None, False, None),
-                     *((PATCHED, "ci", fault, True, None) for fault in faults))["runs"]
+    got = in_release(
+        "0.34.0",
+        (PATCHED, profile, None, False, None),
+        *((PATCHED, "ci", fault, True, None) for fault in faults),
+    )["runs"]
     run = got[0]
     assert run["passed"], run
     for label in ("sync scheduling", "async scheduling", "KV events on", "KV events off"):
@@ -136,15 +149,29 @@ def test_replay_through_vllms_scheduler_counts_cold_admissions(version, tmp_path
     report = tmp_path / "replay.json"
     # 300 GPU blocks of 512 tokens: vLLM preempts, and preempted requests re-offer their
     # chunks through the same context (the default 1024 blocks never preempt on this trace).
-    done = run_in(version, "-m", "kvgate", "replay", TRACE, "--scheduler", "vllm",
-                  "--target", "vllm", "--gpu-blocks", "300", "--json", str(report))
+    done = run_in(
+        version,
+        "-m",
+        "kvgate",
+        "replay",
+        TRACE,
+        "--scheduler",
+        "vllm",
+        "--target",
+        "vllm",
+        "--gpu-blocks",
+        "300",
+        "--json",
+        str(report),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     (got,) = json.loads(report.read_text())
     assert got["requests"] == 300 and got["finished"] == 300, got
     assert got["admitted"] > 0 and got["preemptions"] > 0, got
     assert got["settings"]["scheduler"] == "vllm", got
-    assert got["stores_completed"] + got["stores_stale"] + got["stores_in_flight"] \
-        == got["admitted"], got
+    assert (
+        got["stores_completed"] + got["stores_stale"] + got["stores_in_flight"] == got["admitted"]
+    ), got
     want = EXPECTED.get(version, {}).get("cold")
     if want is True:
         assert got["cold_admissions"] > 0, got
@@ -155,9 +182,12 @@ def test_replay_through_vllms_scheduler_counts_cold_admissions(version, tmp_path
 def test_replay_through_vllms_scheduler_refuses_what_it_cannot_do(capsys):
     """Checked before any run, exit 2 and one line (with or without vLLM installed)."""
     from kvgate.cli import main
-    for args, says in ((["--target", "vllm", "--fail-every", "3"], "--fail-every does not apply"),
-                       (["--target", "vllm", "--worker", "copy"], "--worker copy does not apply"),
-                       (["--target", "impl"], "target 'impl' is not 'vllm' or")):
+
+    for args, says in (
+        (["--target", "vllm", "--fail-every", "3"], "--fail-every does not apply"),
+        (["--target", "vllm", "--worker", "copy"], "--worker copy does not apply"),
+        (["--target", "impl"], "target 'impl' is not 'vllm' or"),
+    ):
         code = main(["replay", TRACE, "--scheduler", "vllm", *args])
         err = capsys.readouterr().err.strip()
         assert code == 2 and len(err.splitlines()) == 1, err
@@ -167,6 +197,7 @@ def test_replay_through_vllms_scheduler_refuses_what_it_cannot_do(capsys):
 # ---------------------------------------------------------------------------- without vLLM
 def test_without_vllm_replay_through_its_scheduler_says_how_to_install(monkeypatch, capsys):
     from kvgate.cli import main
+
     _no_vllm(monkeypatch)
     assert main(["replay", TRACE, "--scheduler", "vllm", "--target", "vllm"]) == 2
     err = capsys.readouterr().err.strip()
@@ -184,6 +215,7 @@ def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
     from kvgate.properties import vllm_scheduler_machine as machine
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.targets import Target
+
     _no_vllm(monkeypatch)
     why = machine.unavailable_reason()
     assert why is not None and "\n" not in why
@@ -198,9 +230,13 @@ def test_a_target_that_is_not_a_vllm_manager_is_refused_in_one_line(monkeypatch)
     from kvgate.properties import vllm_scheduler_machine as machine
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.targets import resolve_target
+
     monkeypatch.setattr(machine, "unavailable_reason", lambda: None)
-    with pytest.raises(TargetError, match=r"^the vLLM scheduler machine runs a vLLM manager; "
-                                          r"target 'impl' is not 'vllm' or 'vllm=MODULE:ATTR'$"):
+    with pytest.raises(
+        TargetError,
+        match=r"^the vLLM scheduler machine runs a vLLM manager; "
+        r"target 'impl' is not 'vllm' or 'vllm=MODULE:ATTR'$",
+    ):
         machine.make_machine(resolve_target("impl"))
 
 
@@ -210,6 +246,7 @@ class _Spec:
 
 def _checks(ready=()):
     from kvgate.properties.vllm_engine import Checks
+
     return Checks(2, lambda key: key in ready, lambda key: key[:1].decode())
 
 
@@ -272,8 +309,9 @@ def test_one_requests_offers_never_admit_a_key():
     checks.offered([A], ctx)
     checks.prepared([A], ctx, _Out([A]))
     assert checks.stats["retries"] == 1
-    assert checks.failure == ("cold admission: A was admitted after 1 distinct request(s) "
-                              "offered it, store_threshold=2")
+    assert checks.failure == (
+        "cold admission: A was admitted after 1 distinct request(s) offered it, store_threshold=2"
+    )
 
 
 def _event(kind: str, hashes, medium="CPU"):
@@ -290,8 +328,9 @@ def test_published_events_must_announce_exactly_the_ready_keys():
     external = bytes  # events name a block by its hash bytes here
     checks.published([_event("BlockStored", [b"A", b"B"]), _event("BlockStored", [b"B"], "GPU")])
     checks.check_events(external)
-    assert checks.failure == ("published CPU events differ from the manager's ready keys: "
-                              "announced but not ready ['B']")
+    assert checks.failure == (
+        "published CPU events differ from the manager's ready keys: announced but not ready ['B']"
+    )
     checks = _checks(ready)
     checks.dirty |= {A, B}
     checks.published([_event("BlockStored", [b"A", b"B"]), _event("BlockRemoved", [b"B"])])

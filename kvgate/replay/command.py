@@ -249,11 +249,15 @@ def check_vllm_scheduler(runs) -> None:
     """``--scheduler vllm``: vLLM's scheduler imports, every target is a vLLM manager, and no
     flag asks for what that path cannot do."""
     from kvgate.properties.vllm_engine import is_vllm_target, unavailable_reason
+
     from .vllm_path import unsupported
+
     for target, settings in runs:
         if not is_vllm_target(target):
-            raise ReplayUsageError(f"--scheduler vllm: target {target!r} is not 'vllm' or "
-                                   "'vllm=MODULE:ATTR' (vLLM's connector runs a vLLM manager)")
+            raise ReplayUsageError(
+                f"--scheduler vllm: target {target!r} is not 'vllm' or "
+                "'vllm=MODULE:ATTR' (vLLM's connector runs a vLLM manager)"
+            )
         problem = unsupported(settings)
         if problem:
             raise ReplayUsageError(problem)

@@ -168,6 +168,7 @@ def replay(
     tgt = resolve(target) if isinstance(target, str) else target
     if s.scheduler == "vllm":
         from .vllm_path import replay_vllm
+
         return replay_vllm(trace, tgt, s, check=check, progress=progress)
     policy = s.policy or tgt.policies[0]
     s = replace(s, policy=policy)

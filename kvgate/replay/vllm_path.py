@@ -22,6 +22,7 @@ completed + dropped by a reset + still in flight. The prefix hit rate is the chu
 the CPU tier over the complete prompt chunks of every request. ``--check`` puts the lockstep
 oracle in front of the manager and stops at the first divergence.
 """
+
 from __future__ import annotations
 
 import time
@@ -34,16 +35,21 @@ from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
 from .engine import ReplayReport, ReplaySettings
 
 MAX_STEPS = 2_000_000  # a replay that never drains is stopped here and says so
-UNSUPPORTED = (("fail_every", 0, "--fail-every"), ("worker", "null", "--worker copy"),
-               ("verify", False, "--verify"))
+UNSUPPORTED = (
+    ("fail_every", 0, "--fail-every"),
+    ("worker", "null", "--worker copy"),
+    ("verify", False, "--verify"),
+)
 
 
 def unsupported(settings: ReplaySettings) -> str | None:
     """The flag ``--scheduler vllm`` cannot honour, in one line, or ``None``."""
     for field, default, flag in UNSUPPORTED:
         if getattr(settings, field) != default:
-            return (f"--scheduler vllm: {flag} does not apply (both vLLM releases assert that "
-                    "every transfer succeeded; no bytes are copied)")
+            return (
+                f"--scheduler vllm: {flag} does not apply (both vLLM releases assert that "
+                "every transfer succeeded; no bytes are copied)"
+            )
     return None
 
 
@@ -51,30 +57,44 @@ def prompt_tokens(request: TraceRequest) -> list[int]:
     tokens: list[int] = []
     for h in request.hash_ids:
         tokens += [h + 1] * TRACE_BLOCK_SIZE
-    tokens = tokens[:request.input_length]
+    tokens = tokens[: request.input_length]
     if len(tokens) < request.input_length:  # more tokens than hash ids cover: one more block
         tokens += [0] * (request.input_length - len(tokens))
     return tokens or [0]
 
 
-def replay_vllm(trace: Sequence[TraceRequest], tgt: Any, settings: ReplaySettings, *,
-                check: bool = False,
-                progress: Callable[[int, int], None] | None = None) -> ReplayReport:
+def replay_vllm(
+    trace: Sequence[TraceRequest],
+    tgt: Any,
+    settings: ReplaySettings,
+    *,
+    check: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReplayReport:
     from kvgate.properties.oracle import Divergence
     from kvgate.properties.vllm_engine import Setup, VllmEngine
+
     s = replace(settings, policy=settings.policy or tgt.policies[0])
     if s.limit is not None:
-        trace = trace[:s.limit]
+        trace = trace[: s.limit]
     longest = max((r.input_length + max(1, r.output_length) for r in trace), default=1)
-    setup = Setup(num_chunks=s.num_chunks, store_threshold=s.store_threshold,
-                  max_tracker_size=s.max_tracker_size, policy=s.policy,
-                  gpu_blocks=s.gpu_blocks, blocks_per_chunk=s.blocks_per_chunk,
-                  block_size=s.block_size, max_seqs=s.max_running,
-                  batched_tokens=s.prefill_tokens, max_model_len=longest + s.block_size)
+    setup = Setup(
+        num_chunks=s.num_chunks,
+        store_threshold=s.store_threshold,
+        max_tracker_size=s.max_tracker_size,
+        policy=s.policy,
+        gpu_blocks=s.gpu_blocks,
+        blocks_per_chunk=s.blocks_per_chunk,
+        block_size=s.block_size,
+        max_seqs=s.max_running,
+        batched_tokens=s.prefill_tokens,
+        max_model_len=longest + s.block_size,
+    )
     engine = VllmEngine(setup, tgt, lockstep=check)
     sched = engine.sched
-    engine.checks.is_finished = lambda req_id: (req_id not in sched.requests
-                                                or sched.requests[req_id].is_finished())
+    engine.checks.is_finished = lambda req_id: (
+        req_id not in sched.requests or sched.requests[req_id].is_finished()
+    )
     report = ReplayReport(tgt.spec, s, checked=check)
     chunk_tokens = s.block_size * s.blocks_per_chunk
     added: list[str] = []
@@ -117,8 +137,7 @@ def replay_vllm(trace: Sequence[TraceRequest], tgt: Any, settings: ReplaySetting
     return report
 
 
-def _add(engine, trace, nxt: int, added: list[str], chunk_tokens: int,
-         report: ReplayReport) -> int:
+def _add(engine, trace, nxt: int, added: list[str], chunk_tokens: int, report: ReplayReport) -> int:
     request = trace[nxt]
     req_id = f"r{nxt}"
     engine.add_request(req_id, prompt_tokens(request), max(1, request.output_length))
