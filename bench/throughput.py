@@ -12,7 +12,11 @@ plus the machine's own glue (comparisons, history, labels) and the proxies' own 
 - scheduler machine: ``model``, ``target`` = impl's manager + the scheduler driver and its
   NullWorker, the oracle's comparisons counted apart;
 - worker machine: ``target`` = impl's OffloadWorker, ``model`` = the byte model (the helpers that
-  update what every byte should hold, and the invariant comparing them).
+  update what every byte should hold, and the invariant comparing them);
+- vLLM scheduler machine (``properties/vllm_scheduler_machine.py``), one row per release
+  environment that is built (``bench/release_envs.py``), not split: steps per second on
+  0.34.0 with its skip count mended (a passing run), and in the notes, per release, the
+  seconds to find a counterexample (the generate phase alone) and to shrink it.
 
 Below the table: the default gate's wall time, ``CI=true kvgate check`` end to end in a fresh
 process (impl, both policies, every machine that applies; goal under 40 s).
@@ -233,6 +237,7 @@ class Row:
     split: dict[str, float] = field(default_factory=dict)  # category -> seconds (timed run)
     passed: bool = True
     cpu_seconds: float = 0.0  # this process's CPU time for the plain run
+    notes: list[str] = field(default_factory=list)
 
     @property
     def steps_per_s(self) -> float:
@@ -245,6 +250,81 @@ class Row:
     def share(self, prefix: str) -> float:
         total = sum(v for k, v in self.split.items() if k.startswith(prefix))
         return total / self.timed_seconds if self.timed_seconds else 0.0
+
+
+VLLM_PASSING = "vllm=tests.upstream_patches:SkipCountedOnce"
+VLLM_EXAMPLES = (300, 40, 0)  # by level; smoke: no vLLM row (each costs a release process)
+
+
+def vllm_child(examples: int) -> dict:
+    """In a release environment: the seconds to find a counterexample on the release and to
+    shrink it, and steps/s of a passing run (the mended 0.34.0; elsewhere the failing run)."""
+    import kvgate.impl
+    from kvgate.properties.vllm_adapter import installed_vllm_version
+    from kvgate.properties.vllm_scheduler_machine import summary
+
+    version = installed_vllm_version()
+    found = summary("vllm", find_only=True)
+    cpu = time.process_time()
+    shrunk = summary("vllm")
+    cpu = time.process_time() - cpu
+    if version == "0.34.0":
+        cpu = time.process_time()
+        plain = summary(VLLM_PASSING, max_examples=examples)
+        cpu = time.process_time() - cpu
+    else:
+        plain = shrunk
+    return {
+        "impl_file": kvgate.impl.__file__,
+        "version": version,
+        "plain": plain,
+        "find_s": found["seconds"],
+        "total_s": shrunk["seconds"],
+        "steps": shrunk["steps"],
+        "why": shrunk["why"],
+        "passed": shrunk["passed"],
+        "cpu_s": cpu,
+    }
+
+
+def vllm_rows(level: str, progress=None) -> list[Row]:
+    """One row per built release environment (none where no environment is built, or at the
+    smoke level)."""
+    from bench.release_envs import release_pythons, run_child
+
+    found, _ = release_pythons()
+    n = VLLM_EXAMPLES[LEVELS.index(level)]
+    if not n:
+        return []
+    rows = []
+    for version, python in found:
+        got = run_child(python, "bench.throughput", ["--vllm-child", str(n)])
+        plain = got["plain"]
+        verdict = (
+            "passes"
+            if got["passed"]
+            else f"counterexample found in {got['find_s']:.1f} s, shrunk in "
+            f"{max(0.0, got['total_s'] - got['find_s']):.1f} s to {got['steps']} steps "
+            f"({got['why']})"
+        )
+        name = "vLLM scheduler machine, " + (
+            f"{version} + SkipCountedOnce" if version == "0.34.0" else version
+        )
+        rows.append(
+            Row(
+                name,
+                plain["examples"],
+                plain["machine_steps"],
+                plain["seconds"],
+                plain["seconds"],
+                passed=plain["passed"] or version != "0.34.0",
+                cpu_seconds=got["cpu_s"],
+                notes=[f"{version}: {verdict}"],
+            )
+        )
+        if progress:
+            progress(f"{name}: {rows[-1].steps_per_s:,.0f} steps/s; {verdict}")
+    return rows
 
 
 def measure(level: str = "full", profile: str = "ci", progress=None) -> list[Row]:
@@ -272,7 +352,7 @@ def measure(level: str = "full", profile: str = "ci", progress=None) -> list[Row
         )
         if progress:
             progress(f"{name}: {plain.steps / plain.seconds:,.0f} steps/s")
-    return rows
+    return rows + vllm_rows(level, progress)
 
 
 def table(rows: list[Row]) -> str:
@@ -282,6 +362,13 @@ def table(rows: list[Row]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
+        if not r.split:  # not split (the vLLM rows): figures and notes only
+            out.append(
+                f"| {r.machine}{'' if r.passed else ' (FAILED)'} | {r.examples} "
+                f"| {r.steps} | {r.seconds:.2f} | {r.steps_per_s:,.0f} "
+                f"| {r.cpu_steps_per_s:,.0f} | - | - | - | - | {'; '.join(r.notes)} |"
+            )
+            continue
         notes = [
             f"{k} {v / r.timed_seconds:.0%}"
             for k, v in r.split.items()
@@ -337,7 +424,13 @@ def default_gate(level: str = "full") -> tuple[bool, str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--vllm-child", type=int, metavar="EXAMPLES", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.vllm_child is not None:  # run by vllm_rows inside a release environment
+        import json
+
+        print(json.dumps(vllm_child(args.vllm_child)))
+        return 0
     rows = measure("quick" if args.quick else "full")
     print(table(rows))
     print(goal(rows)[1])

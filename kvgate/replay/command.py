@@ -100,6 +100,13 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     p.add_argument("--limit", type=positive, help="replay only the first N requests")
     p.add_argument(
+        "--scheduler",
+        choices=("kvgate", "vllm"),
+        default=d.scheduler,
+        help="kvgate: the scheduler driver (impl); vllm: the installed vLLM's own Scheduler "
+        "and OffloadingConnector, a vllm target behind it (default %(default)s)",
+    )
+    p.add_argument(
         "--check",
         action="store_true",
         help="check every manager call against the model; stop at the first divergence",
@@ -149,6 +156,7 @@ def _runs(args) -> list[tuple[str, ReplaySettings]]:
         verify=args.verify,
         ms_per_step=args.ms_per_step,
         limit=args.limit,
+        scheduler=args.scheduler,
     )
     targets = args.target or ["impl"]
     thresholds = args.threshold or [base.store_threshold]
@@ -237,6 +245,27 @@ def check_device(args) -> None:
         raise ReplayUsageError(f"--device {args.device}: cannot allocate there: {first}") from None
 
 
+def check_vllm_scheduler(runs) -> None:
+    """``--scheduler vllm``: vLLM's scheduler imports, every target is a vLLM manager, and no
+    flag asks for what that path cannot do."""
+    from kvgate.properties.vllm_engine import is_vllm_target, unavailable_reason
+
+    from .vllm_path import unsupported
+
+    for target, settings in runs:
+        if not is_vllm_target(target):
+            raise ReplayUsageError(
+                f"--scheduler vllm: target {target!r} is not 'vllm' or "
+                "'vllm=MODULE:ATTR' (vLLM's connector runs a vLLM manager)"
+            )
+        problem = unsupported(settings)
+        if problem:
+            raise ReplayUsageError(problem)
+    why = unavailable_reason()
+    if why:
+        raise ReplayUsageError(f"--scheduler vllm: {why}")
+
+
 def check_args(args):
     """Every flag, path and target checked before a run starts: the runs and the trace."""
     for flag, path in (("--out", args.out), ("--json", args.json), ("--plot", args.plot)):
@@ -246,6 +275,8 @@ def check_args(args):
         require_matplotlib()
     check_device(args)
     runs = _runs(args)
+    if args.scheduler == "vllm":
+        check_vllm_scheduler(runs)
     resolved = {t: resolve(t) for t in dict.fromkeys(t for t, _ in runs)}
     try:
         trace = load_trace(args.trace, args.limit)

@@ -85,6 +85,7 @@ class ReplaySettings:
     verify: bool = False  # check data: loads bring their blocks, chunks hold their keys' blocks
     ms_per_step: float = 0.0  # > 0: arrivals by timestamp; 0: back-pressure
     limit: int | None = None  # first N requests of the trace
+    scheduler: str = "kvgate"  # "kvgate": impl's driver; "vllm": vLLM's own (replay.vllm_path)
 
 
 @dataclass
@@ -165,6 +166,10 @@ def replay(
     ``worker``: a worker to use instead of the one ``settings.worker`` names."""
     s = settings
     tgt = resolve(target) if isinstance(target, str) else target
+    if s.scheduler == "vllm":
+        from .vllm_path import replay_vllm
+
+        return replay_vllm(trace, tgt, s, check=check, progress=progress)
     policy = s.policy or tgt.policies[0]
     s = replace(s, policy=policy)
     if s.limit is not None:

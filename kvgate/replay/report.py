@@ -76,7 +76,8 @@ def format_report(r: ReplayReport) -> str:
     lines = [
         f"target {r.target} ({r.policy}), tier {s.num_chunks} chunks of {s.blocks_per_chunk} "
         f"block(s) of {s.block_size} tokens, store_threshold {s.store_threshold}, "
-        f"tracker {s.max_tracker_size}",
+        f"tracker {s.max_tracker_size}"
+        + (", through vLLM's own scheduler" if getattr(s, "scheduler", "kvgate") == "vllm" else ""),
         f"  requests            {r.requests:,} ({r.finished:,} finished, {r.steps:,} steps, "
         f"{r.seconds:.1f} s)",
         f"  offers              {r.offers:,} ({r.retries:,} retries after None, "

@@ -1,0 +1,475 @@
+"""The machine over vLLM's own scheduling path (``properties.vllm_engine``).
+
+Each rule is an engine event, applied to the installed release's ``Scheduler`` (sync or async,
+and KV events on or off, drawn per example) with the ``OffloadingConnector``'s scheduler side
+and the target manager behind it, every manager call checked by the lockstep oracle:
+
+- ``add_request(blocks, tail, max_tokens)``: a new request whose prompt is a string of block
+  contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
+  ``tail`` tokens of a last, partial block; it generates ``max_tokens`` tokens;
+- ``step(n)``: ``n`` engine-core steps (schedule, run, update; async keeps two batches);
+- ``deliver(mask)``: the in-flight store and load jobs picked by ``mask`` complete (they are
+  reported in the next step's output); jobs not picked stay in flight;
+- ``abort(which)``: the client aborts a live request;
+- ``take_gpu`` / ``give_gpu``: every free GPU block is taken from the scheduler's pool, so the
+  next step that needs a block preempts a running request (the preempted request later
+  resumes and re-offers its chunks through the same context); then given back;
+- ``reset(running_too)``: the cache reset vLLM runs (``reset_prefix_cache`` with
+  ``reset_connector=True``; ``running_too`` preempts the running requests first).
+
+A request finishes when it has generated its tokens; the connector's finish-time offer
+follows. Keys are named by the prompt they end: ``'AB'`` is the chunk whose last block
+follows ``A`` and holds ``B``; blocks that are not pool contents print their tokens
+(``'AB[5,7]'``). The oracle and the request-level checks of ``vllm_engine.Checks`` fail a step
+at once; an invariant after every step runs the oracle's incremental state check and raises
+what the request-level checks found.
+
+``make_machine(target)`` gives the machine class for a ``vllm`` or ``vllm=MODULE:ATTR``
+target; ``unavailable_reason()`` says why it cannot run here (no vLLM), or ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+
+from hypothesis import note
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from .adapters import TargetError
+from .coverage import Recorded
+from .oracle import Divergence
+from .rule_choice import install as install_rule_choice
+from .targets import Target
+from .vllm_engine import BLOCK_SIZE, FAULTS, Setup, VllmEngine, is_vllm_target, unavailable_reason
+
+__all__ = [
+    "DESCRIPTION",
+    "LABELS",
+    "NAME",
+    "VllmSchedulerMachine",
+    "make_machine",
+    "unavailable_reason",
+]
+
+POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
+TAIL_TOKEN = 5
+LETTERS = {tokens: letter for letter, tokens in POOL.items()}
+MAX_LIVE = 4
+RESET_REFUSED = "Failed to reset KV cache even when all the running requests are preempted"
+
+NAME = "vllm-scheduler"
+DESCRIPTION = (
+    "requests through vLLM's own Scheduler (sync and async) and OffloadingConnector, "
+    "every manager call checked"
+)
+
+LABELS = {
+    "sync scheduling": lambda e: e["rule"] == "setup" and not e["async"],
+    "async scheduling": lambda e: e["rule"] == "setup" and e["async"],
+    "KV events on": lambda e: e["rule"] == "setup" and e["events"],
+    "KV events off": lambda e: e["rule"] == "setup" and not e["events"],
+    "allocation failure": lambda e: e.get("allocation failures", 0) > 0,
+    "retry after None": lambda e: e.get("retries", 0) > 0,
+    "finish-time offer": lambda e: e.get("finish-time offers", 0) > 0,
+    "re-offer after preemption": lambda e: e.get("re-offers", 0) > 0,
+    "preemption": lambda e: e.get("preemptions", 0) > 0,
+    "eviction": lambda e: e.get("evictions", 0) > 0,
+    "load": lambda e: e.get("loads", 0) > 0,
+    "stale completion dropped": lambda e: e.get("stale completions", 0) > 0,
+    "flush": lambda e: e.get("flushes", 0) > 0,
+    "reset": lambda e: e["rule"] == "reset",
+    "abort": lambda e: e["rule"] == "abort",
+    "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
+}
+# Labels a passing ci run must hit; the others are reported when they fire.
+REQUIRED = (
+    "sync scheduling",
+    "async scheduling",
+    "KV events on",
+    "KV events off",
+    "allocation failure",
+    "retry after None",
+    "finish-time offer",
+    "re-offer after preemption",
+    "preemption",
+    "eviction",
+    "load",
+    "reset",
+    "abort",
+    "async batch overlap",
+)
+
+
+class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
+    """Set ``target`` (a resolved vLLM target), ``fault`` and ``lockstep`` on a subclass
+    (``make_machine``)."""
+
+    target = None
+    fault: str | None = None
+    lockstep: bool = True
+    LABELS = LABELS
+    RULE_WEIGHTS = {
+        "step": 4,
+        "add_request": 3,
+        "deliver": 3,
+        "abort": 1,
+        "take_gpu": 1,
+        "give_gpu": 1,
+        "reset": 1,
+    }
+    SWARM_ALWAYS = ("step", "add_request", "deliver")
+
+    @classmethod
+    def expected_labels(cls) -> tuple[str, ...]:
+        return REQUIRED
+
+    def __init__(self):
+        super().__init__()
+        self.engine: VllmEngine | None = None
+        self.history: list[dict] = []
+        self.names: dict[bytes, str] = {}
+        self.live: list[str] = []
+        self.held: list = []
+        self.next_id = 0
+        install_rule_choice(self)
+
+    # ------------------------------------------------------------------ set-up
+    def _configure(
+        self,
+        num_chunks,
+        threshold,
+        tracker,
+        policy,
+        async_scheduling,
+        gpu_blocks,
+        blocks_per_chunk,
+        prompt_only,
+        kv_events,
+    ):
+        """The set-up rule (``make_machine`` declares it, with its strategies)."""
+        self.setup_ = Setup(
+            num_chunks=num_chunks,
+            store_threshold=threshold,
+            max_tracker_size=tracker,
+            policy=policy,
+            async_scheduling=async_scheduling,
+            gpu_blocks=gpu_blocks,
+            blocks_per_chunk=blocks_per_chunk,
+            offload_prompt_only=prompt_only,
+            kv_events=kv_events,
+        )
+        self.engine = VllmEngine(
+            self.setup_,
+            type(self).target,
+            fault=type(self).fault,
+            lockstep=type(self).lockstep,
+            key_name=self._name,
+            log=self.history,
+        )
+        self.engine.checks.is_finished = self._finished
+        self.engine.engine_clock = False  # a divergence names the machine's step
+        self.rule_no = 0
+        self.record("setup", **{"async": async_scheduling, "events": kv_events})
+
+    # ------------------------------------------------------------------ names
+    def _name(self, key: bytes) -> str:
+        name = self.names.get(key)
+        if name is None:
+            self._learn_names()
+            name = self.names.get(key, key[:-4].hex()[:8])
+        return name
+
+    def _learn_names(self) -> None:
+        """Name every chunk key of every live request by the prompt it ends."""
+        bpc = self.setup_.blocks_per_chunk
+        for req in self.engine.sched.requests.values():
+            tokens = list(req.all_token_ids)
+            for i, block_hash in enumerate(req.block_hashes):
+                if (i + 1) % bpc:
+                    continue
+                key = bytes(block_hash) + b"\0\0\0\0"
+                if key not in self.names:
+                    self.names[key] = "".join(
+                        _block_name(tuple(tokens[j : j + BLOCK_SIZE]))
+                        for j in range(0, (i + 1) * BLOCK_SIZE, BLOCK_SIZE)
+                    )
+
+    def _finished(self, req_id: str) -> bool:
+        req = self.engine.sched.requests.get(req_id)
+        return req is None or req.is_finished()
+
+    # ------------------------------------------------------------------ engine events
+    @precondition(lambda self: self.engine is not None and len(self._live()) < MAX_LIVE)
+    @rule(
+        blocks=st.text(alphabet="ABC", min_size=1, max_size=4),
+        tail=st.integers(0, 1),
+        max_tokens=st.integers(1, 4),
+    )
+    def add_request(self, blocks, tail, max_tokens):
+        self._next_rule()
+        self.next_id += 1
+        req_id = f"r{self.next_id}"
+        tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
+        with vllm_raises("add_request"):
+            self.engine.add_request(req_id, tokens, max_tokens)
+        self.live.append(req_id)
+        self._learn_names()
+        self._record("add_request")
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(n=st.integers(1, 3))
+    def step(self, n):
+        self._next_rule()
+        for _ in range(n):
+            if not self.engine.can_step():
+                break
+            with vllm_raises("an engine step"):
+                self.engine.step()
+            self._learn_names()
+        self._record("step")
+
+    @precondition(lambda self: self.engine is not None and self.engine.worker.jobs())
+    @rule(mask=st.integers(1, 15))
+    def deliver(self, mask):
+        self._next_rule()
+        jobs = self.engine.worker.jobs()
+        picked = [j for i, j in enumerate(jobs) if mask >> (i % 4) & 1] or jobs[:1]
+        self.engine.worker.finish(picked)
+        self._record("deliver")
+
+    @precondition(lambda self: self.engine is not None and self._live())
+    @rule(which=st.integers(0, 3))
+    def abort(self, which):
+        self._next_rule()
+        live = self._live()
+        with vllm_raises("abort"):
+            self.engine.abort(live[which % len(live)])
+        self._record("abort")
+
+    @precondition(lambda self: self.engine is not None and not self.held)
+    @rule()
+    def take_gpu(self):
+        self._next_rule()
+        with vllm_raises("taking the free GPU blocks"):
+            self.held = self.engine.hold_gpu_blocks()
+        self._record("take_gpu")
+
+    @precondition(lambda self: self.engine is not None and bool(self.held))
+    @rule()
+    def give_gpu(self):
+        self._next_rule()
+        with vllm_raises("giving the GPU blocks back"):
+            self.engine.release_gpu_blocks(self.held)
+        self.held = []
+        self._record("give_gpu")
+
+    @precondition(lambda self: self.engine is not None)
+    @rule(running_too=st.booleans())
+    def reset(self, running_too):
+        self._next_rule()
+        # vLLM refuses to preempt the running requests first while their blocks cannot all
+        # be freed (blocks taken, a load in flight, a batch still executing): it raises, the
+        # engine answers the client with that error and runs on, and the connector was not
+        # reset. The machine does what a client would see.
+        if running_too and (self.held or self._loading() or self.engine.queue):
+            running_too = False
+        try:
+            with vllm_raises("reset_prefix_cache"):
+                self.engine.reset(running_too)
+        except VllmRaised as exc:
+            if not (
+                running_too
+                and isinstance(exc.__cause__, RuntimeError)
+                and str(exc.__cause__).startswith(RESET_REFUSED)
+            ):
+                raise
+            self.engine.counts["resets refused"] += 1
+        self._record("reset")
+
+    # ------------------------------------------------------------------ helpers
+    def _live(self) -> list[str]:
+        self.live = [r for r in self.live if not self._finished(r)]
+        return self.live
+
+    def _loading(self) -> bool:
+        from vllm.v1.request import RequestStatus
+
+        return any(
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            for r in self.engine.sched.requests.values()
+        )
+
+    def _next_rule(self) -> None:
+        self.rule_no += 1
+        self.engine.oracle.set_step(self.rule_no)
+
+    def _record(self, rule_name: str) -> None:
+        """One history entry per step: what grew since the previous one."""
+        now = {**self.engine.checks.stats, **self.engine.worker.stats, **self.engine.counts}
+        before = getattr(self, "_before", {})
+        self._before = dict(now)
+        self.record(rule_name, **{k: v - before.get(k, 0) for k, v in now.items()})
+
+    # ------------------------------------------------------------------ checks
+    @invariant()
+    def request_level_checks(self):
+        """The oracle's incremental state check, then what the request-level checks found
+        (store jobs, cold admissions, events); the oracle's call checks run inside calls."""
+        if self.engine is None:
+            return
+        if self.engine.checks.failure:
+            raise AssertionError(self.engine.checks.failure)
+        if type(self).lockstep:
+            self.engine.oracle.check_state()
+
+    def teardown(self):
+        if self.engine is not None:
+            if currently_in_test_context():
+                note(
+                    f"setup: {self.setup_}; manager calls: {dict(self.engine.front.calls)}; "
+                    f"unchecked: {sorted(self.engine.front.unchecked)}"
+                )
+            self.count_labels()
+
+
+class VllmRaised(AssertionError):
+    """vLLM itself raised (an assertion of the release, say) while the machine drove it."""
+
+
+@contextlib.contextmanager
+def vllm_raises(what: str):
+    """A divergence passes as it is; anything else raised inside vLLM becomes one line that
+    says what the step was doing and where in vLLM it was raised."""
+    try:
+        yield
+    except Divergence:
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        inside = [f for f in frames if f"{os.sep}vllm{os.sep}" in f.filename] or frames
+        where = inside[-1]
+        path = where.filename.split(f"{os.sep}vllm{os.sep}", 1)[-1]
+        text = str(exc).strip().splitlines()
+        raise VllmRaised(
+            f"vLLM raised {type(exc).__name__}{': ' + text[0] if text else ''} "
+            f"during {what}, at vllm/{path}:{where.lineno} "
+            f"({(where.line or '').strip()})"
+        ) from exc
+
+
+def _block_name(tokens: tuple[int, ...]) -> str:
+    letter = LETTERS.get(tokens)
+    return letter if letter else "[" + ",".join(map(str, tokens)) + "]"
+
+
+# The set-up rule's strategies; ``kv_events`` is drawn unless ``make_machine`` fixes it.
+SETUP = dict(
+    num_chunks=st.integers(1, 4),
+    threshold=st.sampled_from([2, 2, 3, 1, 0]),
+    tracker=st.sampled_from([64_000, 2, 1, 4]),
+    policy=st.sampled_from(["lru", "arc"]),
+    async_scheduling=st.booleans(),
+    gpu_blocks=st.sampled_from([16, 10, 24]),
+    blocks_per_chunk=st.sampled_from([1, 2]),
+    prompt_only=st.booleans(),
+)
+
+
+def make_machine(
+    target: Target,
+    *,
+    fault: str | None = None,
+    lockstep: bool = True,
+    kv_events: bool | None = None,
+):
+    """The machine class over vLLM's scheduling path with ``target``'s manager behind the
+    connector: ``vllm`` (the manager the connector's spec builds) or ``vllm=MODULE:ATTR`` (that
+    class, built with the example's sizes), either checked exactly or ``foreign=``. ``fault``
+    (one of ``FAULTS``) and ``lockstep=False`` (no oracle: the request-level checks alone) are
+    for tests of the checks; ``kv_events`` fixes vLLM's ``enable_kv_cache_events`` (drawn when
+    ``None``; vLLM's default is off). ``TargetError`` (one line) for another target or where
+    vLLM is not importable."""
+    from .manager_machine import machine_name
+
+    why = unavailable_reason()
+    if why:
+        raise TargetError(why)
+    if not is_vllm_target(target.spec):
+        raise TargetError(
+            f"the vLLM scheduler machine runs a vLLM manager; target "
+            f"{target.spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'"
+        )
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+    name = machine_name("VllmSchedulerMachine", target.spec)
+    suffix = (
+        (f"_{fault}" if fault else "")
+        + ("" if lockstep else "_unchecked")
+        + ("" if kv_events is None else f"_events_{'on' if kv_events else 'off'}")
+    )
+    events = st.booleans() if kv_events is None else st.just(kv_events)
+
+    class Machine(VllmSchedulerMachine):
+        @initialize(**SETUP, kv_events=events)
+        def setup(self, **drawn):
+            self._configure(**drawn)
+
+    Machine.target, Machine.fault, Machine.lockstep = target, fault, lockstep
+    Machine.__name__ = Machine.__qualname__ = name + suffix
+    return Machine
+
+
+def summary(
+    spec: str = "vllm",
+    profile: str = "ci",
+    *,
+    fault: str | None = None,
+    lockstep: bool = True,
+    max_examples: int | None = None,
+    find_only: bool = False,
+    kv_events: bool | None = None,
+) -> dict:
+    """One run of the machine on ``spec`` under ``profile``, as plain values (what the tests and
+    the bench read in a release environment): verdict, the shrunk counterexample and its step
+    count, why it failed, examples, machine steps executed, seconds and steps per second, the
+    labels hit. ``find_only``: stop at the first failure, unshrunk (the seconds to find it)."""
+    import re
+
+    from hypothesis import Phase
+
+    from .runner import run_machine
+    from .targets import resolve_target
+    from .vllm_engine import configs
+
+    configs()  # built once, before the clock starts
+    cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep, kv_events=kv_events)
+    kwargs = {}
+    if find_only:
+        kwargs["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
+    result = run_machine(cls, profile, max_examples=max_examples, database=None, **kwargs)
+    message = result.message
+    why = re.search(r"^  \((.*)\)$", message, re.MULTILINE)
+    first = message.split("\n", 1)[0]
+    return {
+        "spec": spec,
+        "profile": profile,
+        "passed": result.passed,
+        "steps": result.shrunk_steps if not result.passed else None,
+        "why": why.group(1) if why else first.split(": ", 1)[-1],
+        "message": message,
+        "program": result.program,
+        "examples": result.examples,
+        "machine_steps": result.steps,
+        "seconds": round(result.seconds, 2),
+        "steps_per_s": round(result.steps / result.seconds) if result.seconds else 0,
+        "labels": dict(result.labels),
+        "required": list(result.expected),
+        "phases": result.phases,
+    }
+
+
+__all__ += ["summary"]
