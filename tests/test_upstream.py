@@ -69,38 +69,41 @@ def verdicts(out: str) -> dict[str, tuple[int, str]]:
 
 @pytest.mark.parametrize("version", releases())
 def test_the_gate_gives_each_release_its_verdict(version):
-    """The default gate: every machine that applies runs, and each one fails the release for
-    its known defect."""
-    code, out = gate(version, "--target", "vllm", "--keep-going")
+    """The default gate fails each release on its known defect at its first machine (the
+    manager machine) and leaves the others out; kvgate's two machines, both run (--keep-going),
+    each fail it for that defect. (vLLM's own scheduler: tests/test_vllm_scheduler.py.)"""
+    code, out = gate(version, "--target", "vllm")
     want = EXPECTED.get(version)
     if want is None:
         assert code in (0, 1), out
         return
     assert code == 1, out
-    ran = re.search(r"; machines: (.*); targets: vllm$", out.splitlines()[0]).group(1)
-    ran = ran.split(", ")
-    assert {"manager", "scheduler"} <= set(ran), out
-    got = verdicts(out)
-    assert sorted(got) == sorted(ran), out  # every machine that ran failed
-    for machine, (steps, why) in got.items():
-        if machine in want["why"]:
-            assert why in want["why"][machine], (machine, out)
-            assert steps <= want["max_steps"], (machine, out)
     assert gate_facts(out)["why"] in want["why"]["manager"], out  # what docs/upstream.md reads
-    assert f"vLLM {version}" in out
+    assert "left out: scheduler (vllm already failed on manager; --keep-going" in out, out
+    assert f"vLLM {version}" in out and "request-scoped recency" in out, out
     if want["missing"]:
         assert f"lacks {', '.join(want['missing'])} (never drawn)" in out
         assert "state.touch(" not in out
     else:
         assert "has every optional call" in out
+    code, out = gate(version, "--target", "vllm", "--machine", "manager,scheduler", "--keep-going")
+    assert code == 1, out
+    got = verdicts(out)
+    assert sorted(got) == ["manager", "scheduler"], out  # both ran, both failed
+    for machine, (steps, why) in got.items():
+        assert why in want["why"][machine], (machine, out)
+        assert steps <= want["max_steps"], (machine, out)
 
 
 @pytest.mark.parametrize("profile", ["ci", "thorough"])
 def test_0_34_0_with_the_skip_counted_once_passes(profile):
-    """0.34.0's one defect is the skip metric: put that right and every property holds, both
-    policies (the vllm= target runs LRU and ARC), both machines."""
+    """0.34.0's one defect is the skip metric: put that right and every property holds,
+    checked exactly, both policies (the vllm= target runs LRU and ARC), kvgate's machines
+    under ci (vLLM's own scheduler under ci: tests/test_vllm_scheduler.py) and every machine,
+    vLLM's scheduler included, under thorough."""
     if "0.34.0" not in releases():
         pytest.skip("0.34.0 is not gated")
+    machines = {"ci": "manager,scheduler", "thorough": "all"}[profile]
     done = run_in(
         "0.34.0",
         "-m",
@@ -109,13 +112,18 @@ def test_0_34_0_with_the_skip_counted_once_passes(profile):
         "--profile",
         profile,
         "--machine",
-        "all",
+        machines,
         "--target",
         PATCHED,
     )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     assert f"PASS  manager x {PATCHED}" in out and f"PASS  scheduler x {PATCHED}" in out
+    if profile == "thorough":
+        assert f"PASS  vllm-scheduler x {PATCHED}" in out, out
+        coverage = out.split("coverage (vllm-scheduler):")[1].splitlines()[0]
+        assert "sync scheduling" in coverage and "async scheduling" in coverage, coverage
+        assert "not hit" not in coverage, coverage
 
 
 @pytest.mark.parametrize("version", releases())

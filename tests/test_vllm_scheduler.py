@@ -5,12 +5,11 @@ The verdicts (issue 24):
 
 - 0.33.0 fails through its real scheduler on the seed's bug (a request's own retry or re-offer
   counts again: the admitted keys differ, or a tracker count exceeds the requests that offered
-  the key), in at most 12 steps, with vLLM's default of KV events off. With events drawn on
-  too, the oracle may first find that its store events leave ``removal_expected`` False, which
-  0.34.0's set True (spec §5.1);
+  the key), in at most 12 steps, with vLLM's default of KV events off and with them drawn (its
+  store events' inert ``removal_expected`` field is not read: spec §10);
 - 0.34.0 fails on the skip undercount only: with just that mended
-  (tests/upstream_patches.py:SkipCountedOnce) it passes under ``ci`` and ``thorough``, and both
-  sync and async scheduling ran.
+  (tests/upstream_patches.py:SkipCountedOnce) it passes under ``ci`` here, sync and async, and
+  under ``thorough`` in tests/test_upstream.py (every machine).
 
 Each request-level check breaks on a known-bad variant: cold admissions on 0.33.0's own manager
 with the oracle switched off (the seed's preemption scenario, scripted), the store-job
@@ -33,13 +32,12 @@ ADMITTED = "admitted keys differ"
 OVERCOUNT = (
     "a count exceeds the distinct requests that offered the key since it entered the tracker"
 )
-EVENT_DETAILS = "event details differ"
 SKIPS = "vllm:kv_offload_stores_skipped differs"
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
 EXPECTED = {
     "0.33.0": {
         "off": {ADMITTED, OVERCOUNT},
-        "drawn": {ADMITTED, OVERCOUNT, EVENT_DETAILS},
+        "drawn": {ADMITTED, OVERCOUNT},
         "max_steps": 12,
         "cold": True,
     },
@@ -120,16 +118,16 @@ def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("profile", ["ci", "thorough"])
-def test_0_34_0_with_the_skip_counted_once_passes_sync_and_async(profile):
-    """Under ``ci`` the same process also shows each request-level check catching its fault
-    (the first failure, unshrunk: which check fails is what is asserted)."""
+def test_0_34_0_with_the_skip_counted_once_passes_sync_and_async():
+    """Under ``ci``, sync and async, events on and off, every label hit; the same process shows
+    each request-level check catching its fault (the first failure, unshrunk: which check fails
+    is what is asserted). Under ``thorough``: tests/test_upstream.py runs every machine."""
     if "0.34.0" not in releases():
         pytest.skip("0.34.0 is not gated")
-    faults = sorted(FAULTS) if profile == "ci" else []
+    faults = sorted(FAULTS)
     got = in_release(
         "0.34.0",
-        (PATCHED, profile, None, False, None),
+        (PATCHED, "ci", None, False, None),
         *((PATCHED, "ci", fault, True, None) for fault in faults),
     )["runs"]
     run = got[0]
@@ -138,7 +136,6 @@ def test_0_34_0_with_the_skip_counted_once_passes_sync_and_async(profile):
         assert run["labels"].get(label), (label, run)
     missing = [label for label in run["required"] if not run["labels"].get(label)]
     assert not missing, f"labels never hit: {missing}"
-    assert run["steps_per_s"] >= 400, run
     for fault, caught in zip(faults, got[1:]):
         assert not caught["passed"] and FAULTS[fault] in caught["why"], (fault, caught)
 

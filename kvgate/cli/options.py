@@ -16,6 +16,19 @@ from .runs import MACHINES
 OUTPUT_FLAGS = (("--repro", "repro"), ("--history", "history"), ("--junit-xml", "junit_xml"))
 
 
+def machine_list(text: str) -> str:
+    """``--machine``'s value: ``all`` or machine names joined by commas, each one known."""
+    names = [n.strip() for n in text.split(",")]
+    if text != "all":
+        for name in names:
+            if name not in MACHINES:
+                raise argparse.ArgumentTypeError(
+                    f"invalid choice: {name!r} (choose from {', '.join(MACHINES)} or all, "
+                    "several joined by commas)"
+                )
+    return ",".join(names)
+
+
 def add_run_options(p: argparse.ArgumentParser, machines_default: str | None) -> None:
     """``machines_default`` None: every machine that applies to the target."""
     default = (
@@ -24,10 +37,11 @@ def add_run_options(p: argparse.ArgumentParser, machines_default: str | None) ->
     )
     p.add_argument(
         "--machine",
-        choices=(*MACHINES, "all"),
+        type=machine_list,
         default=machines_default,
-        help=f"which machine checks the target (default: {default}; all: every "
-        "machine that applies; manager: the quick path)",
+        metavar="M[,M...]",
+        help=f"which machines check the target: {', '.join(MACHINES)}, several joined by "
+        f"commas, or all (default: {default}; manager: the quick path)",
     )
     p.add_argument(
         "--profile",

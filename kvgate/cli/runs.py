@@ -163,32 +163,32 @@ class Plan:
 
 def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
     """``choice`` None or ``all``: every machine that applies to each target and can be built
-    here, the rest left out with the reason. A machine named on its own must run on every
-    target: if it cannot, a ``UsageError`` (one line) before anything runs."""
-    if choice not in (None, "all"):
-        if choice not in MACHINES:
-            raise UsageError(f"unknown machine {choice!r}; one of {', '.join(MACHINES)}")
-        machine = MACHINES[choice]
+    here, the rest left out with the reason. Machines named (one, or several joined by commas)
+    must run on every target: if one cannot, a ``UsageError`` (one line) before anything
+    runs."""
+    named = [] if choice in (None, "all") else choice.split(",")
+    for name in named:
+        if name not in MACHINES:
+            raise UsageError(f"unknown machine {name!r}; one of {', '.join(MACHINES)}")
+        machine = MACHINES[name]
         why = machine.unavailable()
         if why:
             hint = machine.install()
             raise UsageError(
-                f"--machine {choice}: cannot run here: {why}"
+                f"--machine {name}: cannot run here: {why}"
                 + (f"; {hint}" if hint and hint not in why else "")
             )
         for target in targets:
             why = machine.not_for(target)
             if why:
-                raise UsageError(
-                    f"--machine {choice} does not apply to target {target.spec}: {why}"
-                )
+                raise UsageError(f"--machine {name} does not apply to target {target.spec}: {why}")
     runs = []
     left: dict[tuple[str, str], list[str]] = {}
     available: dict[str, str | None] = {}
     for target in targets:
         for m in MACHINES.values():
             why = m.not_for(target)
-            if why is None and choice not in (None, "all", m.name):
+            if why is None and named and m.name not in named:
                 why = f"--machine {choice}; without --machine every machine that applies runs"
             if why is None:
                 if m.name not in available:  # asked once, and only where it would run
