@@ -244,8 +244,8 @@ class VllmAdapter(Adapter):
         """The drained events; where the event type names the storing request
         (``req_context``, 0.34.0's store-event contract: a store event names its request and
         expects its removal), that request and ``removal_expected`` too. 0.33.0's type has an
-        inert ``removal_expected`` its CPU manager never sets and no ``req_context``: the spec
-        (section 10) counts both as 0.34.0's, so neither is read there."""
+        inert ``removal_expected`` its CPU manager never sets and no ``req_context``: spec §10
+        counts both as 0.34.0's, so neither is read there."""
         # vLLM's take_events() is a generator: nothing is drained until it is iterated.
         events = list(self._call("take_events") or ())
         self.raw = events

@@ -630,7 +630,10 @@ class Checks:
         self.dirty.clear()
         ready = set(self.ready.values())
         if ready != self.announced:
-            name = lambda n: self.name(self.names_of[n]) if n in self.names_of else repr(n)  # noqa
+
+            def name(n):
+                return self.name(self.names_of[n]) if n in self.names_of else repr(n)
+
             more = sorted(name(n) for n in self.announced - ready)
             less = sorted(name(n) for n in ready - self.announced)
             self.fail(

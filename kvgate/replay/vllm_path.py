@@ -32,7 +32,7 @@ from typing import Any
 
 from kvgate.impl.traces import TRACE_BLOCK_SIZE, TraceRequest
 
-from .engine import ReplayReport, ReplaySettings
+from .records import ReplayReport, ReplaySettings
 
 MAX_STEPS = 2_000_000  # a replay that never drains is stopped here and says so
 UNSUPPORTED = (
