@@ -25,9 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.vllm_releases import gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
+from tests.vllm_releases import PATCHED, gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
 
-PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
 # Why the gate is right where a release differs: the seed's claim each verdict rests on.
 ARGUMENTS = {
     "0.33.0": "The seed's bug. The seed's claim: each key counts once per request, so a "
@@ -54,12 +53,17 @@ def run(python: Path, *args: str) -> tuple[int, str, float]:
     return done.returncode, done.stdout + done.stderr, time.perf_counter() - start
 
 
+def check(python: Path, *args: str) -> tuple[int, str, float]:
+    """``kvgate check ARGS`` in the release's environment."""
+    return run(python, "-m", "kvgate", "check", *args)
+
+
 def fence(text: str, lang: str = "") -> str:
     return f"```{lang}\n{text.rstrip()}\n```"
 
 
 def section(version: str, python: Path) -> tuple[str, str]:
-    code, out, seconds = run(python, "-m", "kvgate", "check", "--target", "vllm", "--profile", "ci")
+    code, out, seconds = check(python, "--target", "vllm", "--profile", "ci")
     facts = gate_facts(out)
     verdict = {0: "passes", 1: "fails", 2: "cannot be checked"}.get(code, f"exit {code}")
     row = (
@@ -80,11 +84,8 @@ def section(version: str, python: Path) -> tuple[str, str]:
     ]
     if facts["counterexample"]:
         parts += ["As kvgate prints it:", "", fence(facts["counterexample"]), ""]
-    rc, text, secs = run(
+    rc, text, secs = check(
         python,
-        "-m",
-        "kvgate",
-        "check",
         "--target",
         "vllm",
         "--machine",
@@ -117,11 +118,8 @@ def section(version: str, python: Path) -> tuple[str, str]:
         ]
     if version == "0.34.0":
         for profile in ("ci", "thorough"):
-            rc, text, secs = run(
+            rc, text, secs = check(
                 python,
-                "-m",
-                "kvgate",
-                "check",
                 "--target",
                 PATCHED,
                 "--machine",

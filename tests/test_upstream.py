@@ -23,17 +23,20 @@ import re
 
 import pytest
 
-from tests.vllm_releases import gate_facts, probe, releases, run_in
+from tests.vllm_releases import (
+    ADMITTED,
+    OVERCOUNT,
+    PATCHED,
+    SKIPS,
+    TRACE,
+    gate_facts,
+    probe,
+    releases,
+    run_in,
+)
 
 pytestmark = pytest.mark.vllm
 
-PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
-TRACE = "tests/data/mooncake_conversation_300.jsonl"
-ADMITTED = "admitted keys differ"
-OVERCOUNT = (
-    "a count exceeds the distinct requests that offered the key since it entered the tracker"
-)
-SKIPS = "vllm:kv_offload_stores_skipped differs"
 # Per machine of the default gate, the reasons its shrunk counterexample may give.
 EXPECTED = {
     "0.33.0": {

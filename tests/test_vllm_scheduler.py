@@ -24,15 +24,8 @@ import sys
 
 import pytest
 
-from tests.vllm_releases import probe, releases, run_in
+from tests.vllm_releases import ADMITTED, OVERCOUNT, PATCHED, SKIPS, TRACE, probe, releases, run_in
 
-PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
-TRACE = "tests/data/mooncake_conversation_300.jsonl"
-ADMITTED = "admitted keys differ"
-OVERCOUNT = (
-    "a count exceeds the distinct requests that offered the key since it entered the tracker"
-)
-SKIPS = "vllm:kv_offload_stores_skipped differs"
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
 EXPECTED = {
     "0.33.0": {

@@ -25,6 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 RELEASES_FILE = ROOT / ".ci" / "vllm-releases.txt"
 
 
+# What the vLLM tests run and read: the release with only its known defect mended, the trace
+# replayed, and the reasons a counterexample gives for each release's defect.
+PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
+TRACE = "tests/data/mooncake_conversation_300.jsonl"
+ADMITTED = "admitted keys differ"
+OVERCOUNT = (
+    "a count exceeds the distinct requests that offered the key since it entered the tracker"
+)
+SKIPS = "vllm:kv_offload_stores_skipped differs"
+
+
 def releases() -> list[str]:
     """The gated releases, in the file's order: one a line, ``#`` comments and blanks left out."""
     lines = RELEASES_FILE.read_text().splitlines()
