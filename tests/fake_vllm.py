@@ -316,3 +316,11 @@ class FakeStoreEventWithoutRequest(FakeManagerWithoutTouch):
         for event in super().take_events():
             event.req_context = None
             yield event
+
+
+class ImplWithoutTouch(OffloadingManager):
+    """impl's manager with no touch: a native target lacking an optional call (here, not in
+    the test module that checks it, so that naming it as a target does not import that test
+    module a second time under another name)."""
+
+    touch = None

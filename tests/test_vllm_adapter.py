@@ -10,7 +10,6 @@ import pytest
 
 from kvgate.cli import main
 from kvgate.impl.base import make_key
-from kvgate.impl.manager import OffloadingManager
 from kvgate.properties.adapters import Config, TargetError
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.runner import run_machine
@@ -70,20 +69,14 @@ def test_the_gate_checks_a_manager_without_touch_and_says_so(capsys):
     assert re.search(r"(: |, )touch \d", coverage) is None, coverage  # no touch step drawn
 
 
-class ImplWithoutTouch(OffloadingManager):
-    """impl's manager with no touch: a native target lacking an optional call."""
-
-    touch = None
-
-
 def test_a_native_target_lacking_touch_is_checked_without_it(capsys):
-    target = resolve_target("tests.test_vllm_adapter:ImplWithoutTouch")
+    target = resolve_target("tests.fake_vllm:ImplWithoutTouch")
     assert target.missing == frozenset({"touch"}) and "lacks touch" in target.note
     code = main(
         [
             "check",
             "--target",
-            "tests.test_vllm_adapter:ImplWithoutTouch",
+            "tests.fake_vllm:ImplWithoutTouch",
             "--profile",
             "ci",
             "--max-examples",
