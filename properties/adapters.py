@@ -216,6 +216,9 @@ class Config:
     max_tracker_size: int = 64_000
     enable_events: bool = True
     recency: str = "touch"
+    # the policy named by its class and module (vLLM's out-of-tree way to load a policy,
+    # ``cache_policy_module_path``) instead of its registered name; same policy, same model
+    policy_by_path: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ class Target:
     # kvgate's interface (spec section 8 applies: bad input is refused and changes nothing, a
     # repeated key in one offer is one offer of it); vLLM's managers use assertions instead
     kvgate_interface: bool = True
+    takes_policy_path: bool = False  # its factory can name the policy by module path
 
     def unchecked(self) -> list[str]:
         """What the machines do not check for this target, each with why (for the report)."""
@@ -257,6 +261,8 @@ class Target:
         )
         if self.takes_recency:
             kwargs["recency"] = config.recency
+        if self.takes_policy_path:
+            kwargs["policy_by_path"] = config.policy_by_path
         return self.adapter(self.factory(config.num_chunks, **kwargs))
 
 

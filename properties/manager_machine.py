@@ -14,8 +14,11 @@ The manager's whole contract, not one scheduler's habits (spec section 2):
 
 - **Every configuration the target accepts**: 1 to 5 chunks, thresholds 0 to 4, trackers of 1
   to 6 keys or a large one, both policies, both recency semantics where the target can be built
-  with either, events switched on or off. A constructor that raises on a configuration the
-  model accepts is a counterexample.
+  with either, events switched on or off, and where the target takes vLLM's
+  ``cache_policy_module_path``, the policy named the out-of-tree way (class and module) as well
+  as by its registered name. Beside each example's managers, an exact target is also built with
+  no chunks and its stats are read with every ``read_stats``. A constructor that raises on a
+  configuration the model accepts is a counterexample.
 - **Positions.** Each request gives its keys positions (``ReqContext``'s end tokens) in one of
   several layouts: in the order it first offers or loads them (as a scheduler computes a
   prefix), alphabetical (group 1 sharing group 0's positions), reversed, only some keys, or
@@ -45,6 +48,7 @@ Draws are cheap: an offer is one integer into a table of every offer (``OFFERS``
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from itertools import permutations
@@ -342,29 +346,18 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.unreported_reset = [False] * instances
         self.max_victims = self.max_pinned = self.pushouts = 0
         self.rare = 0  # filtered metadata-only removals and skips of admitted keys
-        self.empty = None  # kvgate-interface targets: a twin with no chunks, read with the stats
+        # exact targets: a twin with no chunks (a size a release accepts, and the one where
+        # its usage gauges must not divide by zero), read with the stats
+        self.empty = None if self.foreign else self._empty_twin(config)
         if self.exact_interface:
             self._check_construction(config)
         return multiple(
             *(self._new_request(req_id, layout)[0] for req_id, layout in zip(REQ_IDS, layouts))
         )
 
-    def _check_construction(self, config: Config):
-        """A kvgate-interface target keeps the configuration it was given, can be built with
-        no chunks (its stats are read by ``read_stats``), and refuses a bad configuration (as
-        the model does) with an error that names it (spec section 8)."""
-        t = self.oracles[0].target.manager
-        for attr in ("store_threshold", "cache_policy"):
-            got, want = getattr(t, attr, getattr(config, attr)), getattr(config, attr)
-            assert got == want, f"target's {attr} is {got!r}, built with {want!r}"
-        empty = Config(
-            0,
-            config.cache_policy,
-            config.store_threshold,
-            config.max_tracker_size,
-            config.enable_events,
-            config.recency,
-        )
+    def _empty_twin(self, config: Config) -> LockstepManager:
+        """The target and the model built as ``config`` says but with no chunks."""
+        empty = dataclasses.replace(config, num_chunks=0)
         model = Model(
             0,
             config.cache_policy,
@@ -373,8 +366,16 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             config.recency,
             config.enable_events,
         )
-        self.empty = LockstepManager(build(self.TARGET, empty, model), model, key_name=name_of)
-        good = dict(empty.__dict__, num_chunks=1)
+        return LockstepManager(build(self.TARGET, empty, model), model, key_name=name_of)
+
+    def _check_construction(self, config: Config):
+        """A kvgate-interface target keeps the configuration it was given and refuses a bad
+        configuration (as the model does) with an error that names it (spec section 8)."""
+        t = self.oracles[0].target.manager
+        for attr in ("store_threshold", "cache_policy"):
+            got, want = getattr(t, attr, getattr(config, attr)), getattr(config, attr)
+            assert got == want, f"target's {attr} is {got!r}, built with {want!r}"
+        good = dict(config.__dict__, num_chunks=1)
         for name, value in BAD_CONFIGS:
             bad = Config(**{**good, name: value})
             try:
@@ -822,6 +823,9 @@ def make_machine(target: Target, policies: tuple[str, ...] | None = None):
             enable_events=st.sampled_from([True, True, False]),
             instances=st.integers(1, 2),
             layouts=st.lists(layouts, min_size=3, max_size=3),
+            # drawn only where the target can name a policy by module path (a fixed value
+            # draws nothing, so other targets see the same examples as without it)
+            policy_by_path=st.booleans() if target.takes_policy_path else st.just(False),
         )
         def configure(
             self,
@@ -833,12 +837,19 @@ def make_machine(target: Target, policies: tuple[str, ...] | None = None):
             enable_events,
             instances,
             layouts,
+            policy_by_path,
         ):
             """Build targets and models; three requests run from the start (each one that
             finishes is followed by the next), so offers can begin at step one."""
             return self._configure(
                 Config(
-                    num_chunks, policy, store_threshold, max_tracker_size, enable_events, recency
+                    num_chunks,
+                    policy,
+                    store_threshold,
+                    max_tracker_size,
+                    enable_events,
+                    recency,
+                    policy_by_path,
                 ),
                 instances,
                 layouts,

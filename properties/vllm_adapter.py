@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
@@ -437,8 +438,48 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
             return cls(num_chunks, **kwargs)
         return cls(**{size: num_chunks}, **kwargs)
 
-    factory.__name__ = getattr(cls, "__name__", "factory")
-    return factory
+    if "cache_policy_module_path" not in params:
+        factory.__name__ = getattr(cls, "__name__", "factory")
+        return factory
+    by_path: dict[str, dict[str, str]] = {}
+
+    def by_path_factory(num_chunks: int, cache_policy: str = "lru", *, policy_by_path=False, **kw):
+        """The same, and with ``policy_by_path`` the policy named the out-of-tree way: its
+        class name with ``cache_policy_module_path`` (the class a manager built with the
+        registered name holds, found once per name)."""
+        if not policy_by_path:
+            return factory(num_chunks, cache_policy, **kw)
+        if cache_policy not in by_path:
+            policy = getattr(factory(1, cache_policy), INTERNALS["policy"])
+            by_path[cache_policy] = dict(
+                cache_policy=type(policy).__name__,
+                cache_policy_module_path=type(policy).__module__,
+            )
+        kwargs = dict(
+            enable_events=kw.get("enable_events", True),
+            store_threshold=kw.get("store_threshold", 1),
+            max_tracker_size=kw.get("max_tracker_size", 64_000),
+            **by_path[cache_policy],
+        )
+        # vLLM logs a warning for every out-of-tree policy; the gate's output is not its place
+        logging.disable(logging.WARNING)
+        try:
+            if size is None:
+                return cls(num_chunks, **kwargs)
+            return cls(**{size: num_chunks}, **kwargs)
+        finally:
+            logging.disable(logging.NOTSET)
+
+    by_path_factory.__name__ = getattr(cls, "__name__", "factory")
+    return by_path_factory
+
+
+def takes_policy_path(factory: Callable[..., Any]) -> bool:
+    """Whether ``vllm_factory`` gave ``factory`` the out-of-tree spelling of a policy."""
+    try:
+        return "policy_by_path" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def describe(
@@ -523,4 +564,5 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
         note=describe(name, cls, missing, recency, uninspectable),
         recencies=(recency,) if recency else ("touch",),
         kvgate_interface=False,
+        takes_policy_path=takes_policy_path(factory),
     )
