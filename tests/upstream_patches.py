@@ -1,16 +1,24 @@
-"""A patch to vLLM 0.34.0's manager, as a maintainer would offer it for review: the one place
-where kvgate finds 0.34.0 wrong (spec A5) put right, everything else left as it is.
+"""Patches to vLLM releases, as a maintainer would offer them for review: each release's known
+defect put right, everything else left as it is.
 
-0.34.0 counts a skip only when the request had not *counted* the key before. A request whose
-earlier offer admitted the key (the store then failed, or the key was evicted, and the tracker
-dropped it) skips it on a later offer, and that skip is never counted. Spec A5 counts the
-request's first *skip* of a key, per generation. ``SkipCountedOnce`` keeps its own record of the
-keys each request has skipped, tied to this manager and its cache generation the way upstream's
-own per-request record is, and adds the skips upstream left out. It is not vLLM's code: it wraps
-the release's ``prepare_store`` and reads only its public calls and its tracker (``counts``).
+0.34.0 (``SkipCountedOnce``): 0.34.0 counts a skip only when the request had not *counted* the
+key before. A request whose earlier offer admitted the key (the store then failed, or the key
+was evicted, and the tracker dropped it) skips it on a later offer, and that skip is never
+counted. Spec A5 counts the request's first *skip* of a key, per generation. ``SkipCountedOnce``
+keeps its own record of the keys each request has skipped, tied to this manager and its cache
+generation the way upstream's own per-request record is, and adds the skips upstream left out.
+
+0.33.0 (``CountedOncePerRequest``): the seed's bug, every offer counts. The patch is the seed's
+fix backported: each key counts once per request and generation (spec A2, A7), and its skip
+once (A5).
+
+Neither is vLLM's code: each wraps the release's ``prepare_store`` (and, for 0.33.0, its
+``_record_accesses``) and reads only its public calls and its tracker (``counts``).
 
 Use: ``kvgate check --target vllm=tests.upstream_patches:SkipCountedOnce`` with vLLM 0.34.0
-installed (the module imports vLLM when it is loaded).
+installed, ``vllm=tests.upstream_patches:CountedOncePerRequest`` with 0.33.0 (the module
+imports vLLM when it is loaded). These are the targets of the mutation suites over each
+release's own code (bench/mutation.py).
 """
 
 from __future__ import annotations
@@ -30,16 +38,22 @@ class _SkippedByRequest:
     keys: set = field(default_factory=set)
 
 
+def _record_of(manager, req_context, kind):
+    """The request's record of type ``kind`` for this manager and its cache generation (a new
+    one where the context holds another manager's, or an older generation's)."""
+    generation = getattr(manager, "_cache_generation", 0)
+    record = req_context.get_state(kind)
+    if record is None or record.owner is not manager or record.generation != generation:
+        record = kind(manager, generation)
+        req_context.set_state(record)
+    return record
+
+
 class SkipCountedOnce(CPUOffloadingManager):
     """vLLM's CPU manager, counting each request's first skip of a key (spec A5)."""
 
     def _skipped_by(self, req_context) -> _SkippedByRequest:
-        generation = getattr(self, "_cache_generation", 0)
-        record = req_context.get_state(_SkippedByRequest)
-        if record is None or record.owner is not self or record.generation != generation:
-            record = _SkippedByRequest(self, generation)
-            req_context.set_state(record)
-        return record
+        return _record_of(self, req_context, _SkippedByRequest)
 
     def _keys_counted_by(self, req_context) -> set:
         # What upstream dedups its skip metric by; read before the call changes it.
@@ -61,4 +75,56 @@ class SkipCountedOnce(CPUOffloadingManager):
             skipped.keys.add(key)
             if key in counted_before:  # upstream did not count this first skip
                 self.stores_skipped_in_current_batch += 1
+        return out
+
+
+@dataclass
+class _OffersByRequest:
+    """The keys one request has counted and skipped, in one generation of one manager."""
+
+    owner: object
+    generation: int
+    counted: set = field(default_factory=set)
+    skipped: set = field(default_factory=set)
+
+
+class CountedOncePerRequest(CPUOffloadingManager):
+    """vLLM 0.33.0's CPU manager with the seed's fix put back, as a backport would offer it:
+    a request counts each key once per generation (spec A2, A7) and its skip of a key once
+    (spec A5). Everything else is the release's own code, run unchanged: the release's
+    ``_record_accesses`` and its skip counter still do their work, and this class takes back
+    only what they add for a request's repeated offer, so a change to the release's own
+    counting stays visible (the mutation suite over 0.33.0 relies on that).
+
+    For 0.33.0 only: 0.34.0 already carries the counting fix (use ``SkipCountedOnce`` there).
+    """
+
+    _current: _OffersByRequest | None = None
+
+    def _record_accesses(self, keys):
+        counted = self._current.counted if self._current is not None else set()
+        again = [k for k in dict.fromkeys(keys) if k in self.counts and k in counted]
+        super()._record_accesses(keys)
+        for key in again:  # tracked, and counted by this request already: no second count
+            self.counts[key] -= 1
+
+    def prepare_store(self, keys, req_context):
+        keys = list(keys)
+        if self.counts is None:
+            return super().prepare_store(keys, req_context)
+        record = _record_of(self, req_context, _OffersByRequest)
+        absent = [
+            k for k in dict.fromkeys(keys) if self.lookup(k, req_context) == LookupResult.MISS
+        ]
+        self._current = record
+        try:
+            out = super().prepare_store(keys, req_context)
+        finally:
+            self._current = None
+        record.counted.update(keys)
+        skipped = [k for k in absent if self.counts.get(k, 0) < self.store_threshold]
+        # The release counted every skip of this offer; a skip this request made before is
+        # taken back, so each key's skip counts once per request.
+        self.stores_skipped_in_current_batch -= sum(k in record.skipped for k in skipped)
+        record.skipped.update(skipped)
         return out

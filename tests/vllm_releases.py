@@ -28,6 +28,12 @@ RELEASES_FILE = ROOT / ".ci" / "vllm-releases.txt"
 # What the vLLM tests run and read: the release with only its known defect mended, the trace
 # replayed, and the reasons a counterexample gives for each release's defect.
 PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
+# Each release with only its known defect mended (tests/upstream_patches.py): the target the
+# mutation suites over that release's own code check (bench/mutation.py).
+MENDED = {
+    "0.33.0": "vllm=tests.upstream_patches:CountedOncePerRequest",
+    "0.34.0": PATCHED,
+}
 TRACE = "tests/data/mooncake_conversation_300.jsonl"
 ADMITTED = "admitted keys differ"
 OVERCOUNT = (
