@@ -3,6 +3,7 @@
     python -m bench.mutation                    # the table, from bench/results/mutation.json
     python -m bench.mutation --run              # run mutmut (manager suite), rewrite both files
     python -m bench.mutation --run --suite worker   # impl/worker.py under the worker machine
+    python -m bench.mutation --run --suite vllm-0.34.0  # a vLLM release's manager and policies
     python -m bench.mutation --report           # rewrite docs/mutation.md from the JSON only
 
 ``--run`` is the one command (docs/mutation.md): it stages the tree, runs ``mutmut run`` there,
@@ -17,6 +18,14 @@ on in a module of that name; the tests import ``kvgate.impl.manager``. So the tr
 path and the import name agree (the staged case of the account in ``kvgate/__init__.py``).
 mutmut then copies that tree to ``mutants/`` and puts it first on ``sys.path``, ahead of the
 editable install (whose finder comes after the path finder).
+
+A vLLM suite (one per release in .ci/vllm-releases.txt) mutates that release's
+``vllm/v1/kv_offload/cpu/manager.py`` and ``policies/*.py``: they are staged from the release's
+environment (``.vllm/VERSION``, as .ci/vllm-venv builds it, with the ``mutation`` extra) at
+their package paths, mutmut runs with that environment's Python, and
+tests/mutation/staged_vllm.py loads the staged copies under their real module names. The target
+is the release with only its known defect mended (``MENDED`` in tests/vllm_releases.py), so the
+unmutated release passes and only kvgate's machines kill.
 """
 
 from __future__ import annotations
@@ -36,6 +45,11 @@ from pathlib import Path
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # tests.vllm_releases, when run as a file
+    sys.path.insert(0, str(ROOT))
+
+from tests.vllm_releases import MENDED, envs_dir, releases  # noqa: E402 - needs ROOT on the path
+
 RESULTS = ROOT / "bench" / "results" / "mutation.json"
 REPORT = ROOT / "docs" / "mutation.md"
 VERDICTS = ROOT / "docs" / "mutation-verdicts.toml"
@@ -54,6 +68,35 @@ class Suite:
     goal: float
     isolation: str = "fork"  # mutmut's process_isolation; forkserver where torch is imported
     note: str = ""
+    vllm: str | None = None  # the vLLM release whose code is mutated (its environment runs it)
+    env: tuple[tuple[str, str], ...] = ()  # set for the tests (what they check, and how)
+
+
+VLLM_PACKAGE = "vllm/v1/kv_offload/cpu"
+# Where a release as it stands fails a machine outside the mutated files, the suite runs that
+# machine without the one path that fails, and says so.
+VLLM_ADJUSTED = {
+    "0.33.0": (
+        "vLLM's scheduler machine runs no second cache reset before a step: 0.33.0's own "
+        "connector scheduler asserts there (_current_batch_jobs_to_flush), outside the "
+        "mutated manager and policies (0.34.0 no longer does)",
+        (("KVGATE_MUTATION_NO_BACK_TO_BACK_RESET", "1"),),
+    ),
+}
+
+
+def _vllm_suite(version: str, target: str) -> Suite:
+    note, env = VLLM_ADJUSTED.get(version, ("", ()))
+    return Suite(
+        f"vllm-{version}",
+        (f"{VLLM_PACKAGE}/manager.py", f"{VLLM_PACKAGE}/policies/*"),
+        ("tests/mutation/test_vllm_machines.py",),
+        0.95,
+        isolation="forkserver",
+        note=note,
+        vllm=version,
+        env=(("KVGATE_MUTATION_TARGET", target), *env),
+    )
 
 
 SUITES = {
@@ -75,6 +118,7 @@ SUITES = {
         0.95,
         isolation="forkserver",
     ),
+    **{f"vllm-{v}": _vllm_suite(v, t) for v, t in MENDED.items() if v in releases()},
 }
 
 # mutmut's exit-code verdicts that count as a kill (a timeout is a mutant that hangs a machine)
@@ -107,8 +151,51 @@ def stage(suite: Suite) -> Path:
         shutil.copytree(ROOT / part, where / "kvgate" / part, ignore=_ignore)
     shutil.copytree(ROOT / "tests" / "mutation", where / "tests" / "mutation", ignore=_ignore)
     shutil.copy2(ROOT / "conftest.py", where / "conftest.py")
+    if suite.vllm:
+        shutil.copy2(ROOT / "tests" / "upstream_patches.py", where / "tests")
+        installed = Path(_release_answer(suite, _PACKAGE_DIR))
+        staged = where / VLLM_PACKAGE  # no __init__.py above: see tests/mutation/staged_vllm.py
+        staged.mkdir(parents=True)
+        shutil.copy2(installed / "manager.py", staged / "manager.py")
+        shutil.copytree(installed / "policies", staged / "policies", ignore=_ignore)
     (where / "pyproject.toml").write_text(_pyproject(suite))
     return where
+
+
+# Asked of a release's Python: where its CPU manager's package is, and the installed version.
+_PACKAGE_DIR = "import vllm.v1.kv_offload.cpu as p; print(p.__path__[0])"
+_VERSION = "import importlib.metadata as m; print(m.version('vllm'))"
+
+
+def release_python(suite: Suite) -> Path:
+    return envs_dir() / str(suite.vllm) / "bin" / "python"
+
+
+def _release_answer(suite: Suite, code: str) -> str:
+    done = subprocess.run(
+        [str(release_python(suite)), "-c", code], capture_output=True, text=True, timeout=300
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"vLLM {suite.vllm}: {done.stderr.strip().splitlines()[-1:]}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def suite_unavailable(suite: Suite) -> str | None:
+    """Why ``suite`` cannot run here (one line), or None: a vLLM suite needs its release's
+    environment, built by .ci/vllm-venv, holding that release and mutmut."""
+    if suite.vllm is None:
+        return None if _mutmut_found() else _NO_MUTMUT
+    python = release_python(suite)
+    env = python.parent.parent
+    build = f"build it with .ci/vllm-venv {suite.vllm} {env}"
+    if not python.exists():
+        return f"suite {suite.name}: no vLLM {suite.vllm} environment at {env}; {build}"
+    found = _release_answer(suite, _VERSION)
+    if found != suite.vllm:
+        return f"suite {suite.name}: {env} holds vLLM {found}, not {suite.vllm}; {build}"
+    if _mutmut(python.parent) is None:
+        return f"suite {suite.name}: no mutmut in {env}; {build}"
+    return None
 
 
 def _toml_list(items) -> str:
@@ -121,7 +208,7 @@ def _pyproject(suite: Suite) -> str:
         [
             f"# Written by bench/mutation.py for the {suite.name!r} suite; see docs/mutation.md.",
             "[tool.mutmut]",
-            'source_paths = ["kvgate"]',
+            f"source_paths = {_toml_list(['kvgate', 'vllm'] if suite.vllm else ['kvgate'])}",
             f"only_mutate = {_toml_list(suite.mutate)}",
             f"pytest_add_cli_args_test_selection = {_toml_list(suite.tests)}",
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:randomly"]',
@@ -136,8 +223,14 @@ def _pyproject(suite: Suite) -> str:
     )
 
 
-def _mutmut() -> str | None:
-    """mutmut's command: next to this Python (its virtual environment) first, then on PATH."""
+_NO_MUTMUT = "--run needs mutmut 3, which is not installed: pip install 'kvgate[mutation]'"
+
+
+def _mutmut(bin_dir: Path | None = None) -> str | None:
+    """mutmut's command: in ``bin_dir`` only, where given (a release's environment); else next
+    to this Python (its virtual environment) first, then on PATH."""
+    if bin_dir is not None:
+        return shutil.which("mutmut", path=str(bin_dir))
     return shutil.which("mutmut", path=os.path.dirname(sys.executable)) or shutil.which("mutmut")
 
 
@@ -147,12 +240,16 @@ def _mutmut_found() -> bool:
 
 def run(suite: Suite, max_children: int) -> dict:
     where = stage(suite)
-    mutmut = _mutmut()
+    mutmut = _mutmut(release_python(suite).parent if suite.vllm else None)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("HYPOTHESIS_PROFILE", None)
+    if suite.vllm:
+        env.update(suite.env)
+        env.pop("VIRTUAL_ENV", None)
+        env["PATH"] = f"{release_python(suite).parent}{os.pathsep}{env.get('PATH', '')}"
     start = time.perf_counter()
     proc = subprocess.run(
-        [mutmut, "run", "--max-children", str(max_children)],
+        [str(mutmut), "run", "--max-children", str(max_children)],
         cwd=where,
         env=env,
         text=True,
@@ -164,11 +261,10 @@ def run(suite: Suite, max_children: int) -> dict:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"mutmut run failed ({proc.returncode}); log: {log}")
-    return collect(suite, where, seconds, max_children)
+    return collect(suite, where, seconds, max_children, mutmut)
 
 
-def _diff(where: Path, name: str) -> str:
-    mutmut = _mutmut() or "mutmut"
+def _diff(where: Path, name: str, mutmut: str) -> str:
     out = subprocess.run([mutmut, "show", name], cwd=where, text=True, capture_output=True)
     lines = [
         ln
@@ -178,15 +274,33 @@ def _diff(where: Path, name: str) -> str:
     return "\n".join(lines)
 
 
-def collect(suite: Suite, where: Path, seconds: float, max_children: int) -> dict:
-    from mutmut.stats import status_by_exit_code
+# mutmut's own reading of its exit codes, asked of the Python that ran it (a vLLM suite's
+# mutmut lives in the release's environment, not necessarily in this one)
+_READ_STATUSES = """
+import json, sys
+from pathlib import Path
+from mutmut.stats import status_by_exit_code
+out = {}
+for meta in sorted(Path(sys.argv[1]).rglob("*.py.meta")):
+    for name, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+        out[name] = status_by_exit_code[code]
+print(json.dumps(out))
+"""
 
-    statuses: dict[str, str] = {}
-    for meta in sorted((where / "mutants").rglob("*.py.meta")):
-        data = json.loads(meta.read_text())
-        for name, code in data["exit_code_by_key"].items():
-            statuses[name] = status_by_exit_code[code]
-    survivors = {n: _diff(where, n) for n, s in sorted(statuses.items()) if s not in KILLED}
+
+def _statuses(where: Path, python: str) -> dict[str, str]:
+    done = subprocess.run(
+        [python, "-c", _READ_STATUSES, str(where / "mutants")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def collect(suite: Suite, where: Path, seconds: float, max_children: int, mutmut: str) -> dict:
+    statuses = _statuses(where, str(release_python(suite)) if suite.vllm else sys.executable)
+    survivors = {n: _diff(where, n, mutmut) for n, s in sorted(statuses.items()) if s not in KILLED}
     counts: dict[str, int] = {}
     for s in statuses.values():
         counts[s] = counts.get(s, 0) + 1
@@ -406,11 +520,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.max_children < 1:
         ap.error(f"argument --max-children: must be >= 1, got {args.max_children}")
-    if args.run and not _mutmut_found():
-        ap.error("--run needs mutmut 3, which is not installed: pip install 'kvgate[mutation]'")
+    names = args.suite or ["manager"]
+    if args.run:
+        for name in names:
+            why = suite_unavailable(SUITES[name])
+            if why:
+                ap.error(why)
     results = load_results()
     if args.run:
-        for name in args.suite or ["manager"]:
+        for name in names:
             results[name] = run(SUITES[name], args.max_children)
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")

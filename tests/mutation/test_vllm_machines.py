@@ -1,0 +1,146 @@
+"""kvgate's machines alone against a mutated vLLM release (the vLLM suites of
+``python -m bench.mutation``; docs/mutation.md).
+
+The target is the release with only its known defect mended (tests/upstream_patches.py,
+named by ``KVGATE_MUTATION_TARGET``, which bench/mutation.py sets per suite), so that the
+unmutated release passes and a failure here is a mutant caught. Every machine that applies to
+a vLLM target runs, checked exactly: the manager machine under each policy, kvgate's scheduler
+machine, and vLLM's own scheduler machine (for 0.33.0 without a second cache reset before a
+step, where that release's own connector asserts: ``KVGATE_MUTATION_NO_BACK_TO_BACK_RESET``).
+Settings as in test_machines.py: the ``ci`` profile, derandomized, no shrinking.
+
+The staged manager and policies are loaded in place of the installed ones when this module is
+imported (tests/mutation/staged_vllm.py), before anything imports vLLM's CPU manager; the
+module imports vLLM and builds vLLM's configs at import, so mutmut's fork server pays for that
+once, not once per mutant.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from tests.mutation import staged_vllm
+
+STAGED = staged_vllm.staged_root(Path.cwd())
+if STAGED is not None:
+    staged_vllm.install(Path.cwd())
+
+from kvgate.properties import scheduler_machine, vllm_scheduler_machine  # noqa: E402 - staged first
+from kvgate.properties.manager_machine import make_machine  # noqa: E402 - staged first
+from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - staged first
+from kvgate.properties.runner import run_machine  # noqa: E402 - staged first
+from kvgate.properties.targets import resolve_target  # noqa: E402 - staged first
+from kvgate.properties.vllm_engine import configs  # noqa: E402 - staged first
+
+PROFILE = "ci"
+MANAGER_EXAMPLES = 300
+SCHEDULER_EXAMPLES = 200
+VLLM_SCHEDULER_EXAMPLES = 200
+SPEC = os.environ.get("KVGATE_MUTATION_TARGET", "vllm")
+# set by the 0.33.0 suite: its connector asserts on a second reset before a step
+NO_BACK_TO_BACK_RESET = os.environ.get("KVGATE_MUTATION_NO_BACK_TO_BACK_RESET") == "1"
+
+TARGET = resolve_target(SPEC)  # imports the release's manager (staged, where staged)
+configs()  # vLLM's configs and model registration, once per process
+
+
+def test_the_machines_see_the_staged_release():
+    """Under mutmut, the manager and policies are the staged copies with the trampolines."""
+    if not os.environ.get("MUTANT_UNDER_TEST"):
+        pytest.skip("only under mutmut")
+    import vllm.v1.kv_offload.cpu.manager as manager
+    import vllm.v1.kv_offload.cpu.policies.lru as lru
+
+    for module in (manager, lru):
+        path = Path(module.__file__).resolve()
+        assert STAGED is not None and path.is_relative_to(STAGED.resolve()), path
+        assert "mutmut" in path.read_text(), path
+
+
+def _import_time_calls(module) -> list[tuple[str, tuple]]:
+    """The module's top-level calls ``Name.method(literal, ...)``, as (method, arguments)."""
+    tree = ast.parse(Path(inspect.getsourcefile(module)).read_text())
+    calls = []
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute):
+            try:
+                args = tuple(ast.literal_eval(a) for a in call.args)
+            except ValueError:
+                continue
+            calls.append((call.func.attr, args))
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def policies_registered_as_imported():
+    """The policy factory registers the built-in policies once, at import: in mutmut's fork
+    server, before any mutant is switched on (a trampoline reads ``MUTANT_UNDER_TEST`` at each
+    call). So each test empties the registry and makes those module-level calls again, as an
+    import of the mutated file would; what a mutant makes them raise leaves the registry as
+    that import would have (a release that cannot load a policy), for the machines to meet."""
+    from vllm.v1.kv_offload.cpu.policies import factory
+
+    registry = factory.CachePolicyFactory._registry
+    saved = dict(registry)
+    registry.clear()
+    for method, args in _import_time_calls(factory):
+        with contextlib.suppress(Exception):
+            getattr(factory.CachePolicyFactory, method)(*args)
+    yield
+    registry.clear()
+    registry.update(saved)
+
+
+def _passes(result):
+    assert result.passed, result.message + "\n" + "\n".join(result.program)
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_manager_machine(policy):
+    machine = make_machine(TARGET, policies=(policy,))
+    _passes(run_machine(machine, PROFILE, max_examples=MANAGER_EXAMPLES, phases=FIRST_FAILURE))
+
+
+def test_scheduler_machine():
+    machine = scheduler_machine.make_machine(TARGET)
+    _passes(run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=FIRST_FAILURE))
+
+
+def _without_back_to_back_resets(machine):
+    """The machine, with a reset allowed only when a step ran since the last one."""
+
+    class Machine(machine):
+        _reset_last = False
+
+        @precondition(lambda self: self.engine is not None and not self._reset_last)
+        @rule(running_too=st.booleans())
+        def reset(self, running_too):
+            machine.reset(self, running_too)
+            self._reset_last = True
+
+        @precondition(lambda self: self.engine is not None)
+        @rule(n=st.integers(1, 3))
+        def step(self, n):
+            machine.step(self, n)
+            self._reset_last = False
+
+    Machine.__name__ = Machine.__qualname__ = machine.__name__
+    return Machine
+
+
+def test_vllm_scheduler_machine():
+    machine = vllm_scheduler_machine.make_machine(TARGET)
+    if NO_BACK_TO_BACK_RESET:
+        machine = _without_back_to_back_resets(machine)
+    _passes(
+        run_machine(machine, PROFILE, max_examples=VLLM_SCHEDULER_EXAMPLES, phases=FIRST_FAILURE)
+    )
