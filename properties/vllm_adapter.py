@@ -405,7 +405,13 @@ def _raw_histogram(stats: Any, name: str) -> list[int] | None:
 def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     """A factory ``(num_chunks, cache_policy, store_threshold, max_tracker_size,
     enable_events)`` for a class with vLLM's constructor, whichever name its size argument
-    has; ``TargetError`` when it takes none of the admission rule's arguments."""
+    has; ``TargetError`` when it takes none of the admission rule's arguments.
+
+    Where the class takes them, two more (``TAKES`` on the factory names which): with
+    ``policy_by_path`` the policy is named the out-of-tree way, by its class name and
+    ``cache_policy_module_path`` (the class a manager built with the registered name holds,
+    found once per name); ``info`` is handed on as the facts the manager publishes
+    (``config_info``), as the connector's spec hands its own."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -420,6 +426,7 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     ):
         if params and name not in params and not takes_any:
             raise TargetError(f"target {spec!r} takes no {name}: {why}")
+    by_path: dict[str, dict[str, str]] = {}
 
     def factory(
         num_chunks: int,
@@ -427,6 +434,9 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
         enable_events: bool = True,
+        *,
+        policy_by_path: bool = False,
+        info: Any = None,
     ):
         kwargs: dict[str, Any] = dict(
             cache_policy=cache_policy,
@@ -434,35 +444,18 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
             store_threshold=store_threshold,
             max_tracker_size=max_tracker_size,
         )
-        if size is None:
-            return cls(num_chunks, **kwargs)
-        return cls(**{size: num_chunks}, **kwargs)
-
-    if "cache_policy_module_path" not in params:
-        factory.__name__ = getattr(cls, "__name__", "factory")
-        return factory
-    by_path: dict[str, dict[str, str]] = {}
-
-    def by_path_factory(num_chunks: int, cache_policy: str = "lru", *, policy_by_path=False, **kw):
-        """The same, and with ``policy_by_path`` the policy named the out-of-tree way: its
-        class name with ``cache_policy_module_path`` (the class a manager built with the
-        registered name holds, found once per name)."""
-        if not policy_by_path:
-            return factory(num_chunks, cache_policy, **kw)
-        if cache_policy not in by_path:
-            policy = getattr(factory(1, cache_policy), INTERNALS["policy"])
-            by_path[cache_policy] = dict(
-                cache_policy=type(policy).__name__,
-                cache_policy_module_path=type(policy).__module__,
-            )
-        kwargs = dict(
-            enable_events=kw.get("enable_events", True),
-            store_threshold=kw.get("store_threshold", 1),
-            max_tracker_size=kw.get("max_tracker_size", 64_000),
-            **by_path[cache_policy],
-        )
-        # vLLM logs a warning for every out-of-tree policy; the gate's output is not its place
-        logging.disable(logging.WARNING)
+        if info is not None:
+            kwargs["info"] = info
+        if policy_by_path:
+            if cache_policy not in by_path:
+                policy = getattr(factory(1, cache_policy), INTERNALS["policy"])
+                by_path[cache_policy] = dict(
+                    cache_policy=type(policy).__name__,
+                    cache_policy_module_path=type(policy).__module__,
+                )
+            kwargs.update(by_path[cache_policy])
+        # vLLM logs a warning for each out-of-tree policy; the gate's output is not its place
+        logging.disable(logging.WARNING if policy_by_path else logging.NOTSET)
         try:
             if size is None:
                 return cls(num_chunks, **kwargs)
@@ -470,16 +463,18 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
         finally:
             logging.disable(logging.NOTSET)
 
-    by_path_factory.__name__ = getattr(cls, "__name__", "factory")
-    return by_path_factory
+    factory.__name__ = getattr(cls, "__name__", "factory")
+    factory.TAKES = frozenset(  # type: ignore[attr-defined]
+        n
+        for n, p in (("policy_by_path", "cache_policy_module_path"), ("info", "info"))
+        if p in params
+    )
+    return factory
 
 
-def takes_policy_path(factory: Callable[..., Any]) -> bool:
-    """Whether ``vllm_factory`` gave ``factory`` the out-of-tree spelling of a policy."""
-    try:
-        return "policy_by_path" in inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
+def factory_takes(factory: Callable[..., Any], name: str) -> bool:
+    """Whether ``vllm_factory`` gave ``factory`` the optional argument ``name``."""
+    return name in getattr(factory, "TAKES", ())
 
 
 def describe(
@@ -564,5 +559,5 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
         note=describe(name, cls, missing, recency, uninspectable),
         recencies=(recency,) if recency else ("touch",),
         kvgate_interface=False,
-        takes_policy_path=takes_policy_path(factory),
+        takes_policy_path=factory_takes(factory, "policy_by_path"),
     )

@@ -64,7 +64,7 @@ from typing import Any
 from kvgate.impl.base import STORES_SKIPPED
 
 from .oracle import LockstepManager
-from .vllm_adapter import INSTALL_HINT
+from .vllm_adapter import INSTALL_HINT, factory_takes
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 CONNECTOR_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
@@ -818,7 +818,8 @@ class VllmEngine:
         factory = manager_factory(target)
         info = spec_config_info(setup, chunk_bytes)  # what the spec told the manager it built
         if factory is not None:
-            real, info = factory(setup, real), None
+            takes_info = factory_takes(target.factory, "info")
+            real, info = factory(setup, real), (info if takes_info else None)
         self.key_name = key_name or (lambda k: k.hex()[:8])
         self.adapter = target.adapter(real)
         self.checks = Checks(setup.store_threshold, self._ready, self.key_name)
@@ -1003,15 +1004,31 @@ def manager_factory(target: Any) -> Callable[[Setup, Any], Any] | None:
         return None
 
     def build(setup: Setup, built: Any, make=target.factory) -> Any:
+        kwargs = {}
+        if factory_takes(make, "info"):  # what the spec told its own manager to publish
+            kwargs["info"] = PublishedInfo(built.config_info()[0])
         return make(
             setup.num_chunks,
             cache_policy=setup.policy,
             store_threshold=setup.store_threshold,
             max_tracker_size=setup.max_tracker_size,
             enable_events=setup.kv_events,
+            **kwargs,
         )
 
     return build
+
+
+@dataclass(frozen=True)
+class PublishedInfo:
+    """The facts a manager publishes about its tier (``config_info``), handed to a
+    ``vllm=MODULE:ATTR`` manager as the connector's spec hands its own manager a
+    ``CPUOffloadingInfo``: the manager asks it only for ``as_config_info()``."""
+
+    facts: Any
+
+    def as_config_info(self) -> dict:
+        return dict(self.facts)
 
 
 def is_vllm_target(spec: str) -> bool:
