@@ -148,6 +148,42 @@ def test_0_33_0_with_the_seed_fix_backported_passes_kvgates_machines():
     assert program.count("state.reset(") >= 2, out
 
 
+# Known-bad variants of the mended 0.34.0 (tests/upstream_variants.py), each caught by the
+# check that sees it: the machine, and what its first divergence names.
+VARIANTS = {
+    "UsageOneWithoutChunks": ("manager", "vllm:kv_offload_cpu_cache_usage_perc differs"),
+    "PolicyPathIgnored": ("manager", "policy order (least recent first)"),
+    "InfoDropped": ("vllm-scheduler", "config_info answers differ"),
+}
+VARIANTS_PROBE = """
+import json
+from kvgate.properties import vllm_scheduler_machine
+from kvgate.properties.manager_machine import make_machine
+from kvgate.properties.profiles import FIRST_FAILURE
+from kvgate.properties.runner import run_machine
+from kvgate.properties.targets import resolve_target
+out = {{}}
+for name, machine in {variants!r}:
+    target = resolve_target("vllm=tests.upstream_variants:" + name)
+    cls = (make_machine if machine == "manager" else vllm_scheduler_machine.make_machine)(target)
+    got = run_machine(cls, "ci", database=None, phases=FIRST_FAILURE)
+    out[name] = [got.passed, got.message]
+print(json.dumps(out))
+"""
+
+
+def test_the_zero_chunk_twin_the_policy_path_and_the_published_info_are_checked():
+    """The checks that see a release's zero-chunk stats, its out-of-tree policy spelling and
+    its published config each catch a variant of the mended 0.34.0 broken there alone."""
+    if "0.34.0" not in releases():
+        pytest.skip("0.34.0 is not gated")
+    runs = [(name, machine) for name, (machine, _) in VARIANTS.items()]
+    got = probe("0.34.0", VARIANTS_PROBE.format(variants=runs))
+    for name, (_, says) in VARIANTS.items():
+        passed, message = got[name]
+        assert not passed and says in message, (name, message)
+
+
 @pytest.mark.parametrize("version", releases())
 def test_replay_counts_cold_admissions_of_each_release(version, tmp_path):
     report = tmp_path / "replay.json"

@@ -10,7 +10,7 @@ generation the way upstream's own per-request record is, and adds the skips upst
 
 0.33.0 (``CountedOncePerRequest``): the seed's bug, every offer counts. The patch is the seed's
 fix backported: each key counts once per request and generation (spec A2, A7), and its skip
-once (A5).
+once (spec A5).
 
 Neither is vLLM's code: each wraps the release's ``prepare_store`` (and, for 0.33.0, its
 ``_record_accesses``) and reads only its public calls and its tracker (``counts``).

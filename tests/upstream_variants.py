@@ -1,0 +1,41 @@
+"""Known-bad variants of vLLM 0.34.0's manager, each breaking one thing that only the newer
+exact checks see (tests/test_upstream.py shows each one caught): built on
+``tests.upstream_patches.SkipCountedOnce``, which passes every machine, so that the one thing
+is all that differs. The module imports vLLM when it is loaded.
+"""
+
+from __future__ import annotations
+
+from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
+
+from tests.upstream_patches import SkipCountedOnce
+
+
+class UsageOneWithoutChunks(SkipCountedOnce):
+    """Reports its tier as full when it has no chunks at all (the zero-chunk twin sees it)."""
+
+    def __init__(self, num_chunks, *args, **kwargs):
+        super().__init__(num_chunks, *args, **kwargs)
+        self.no_chunks = num_chunks == 0
+
+    def get_stats(self):
+        stats = super().get_stats()
+        if self.no_chunks:
+            stats.set_gauge(CPUOffloadingMetrics.CPU_CACHE_USAGE_PERC, 1.0)
+        return stats
+
+
+class PolicyPathIgnored(SkipCountedOnce):
+    """Builds LRU whenever a policy is named by module path (the out-of-tree spelling)."""
+
+    def __init__(self, *args, cache_policy="lru", cache_policy_module_path=None, **kwargs):
+        if cache_policy_module_path is not None:
+            cache_policy = "lru"
+        super().__init__(*args, cache_policy=cache_policy, **kwargs)
+
+
+class InfoDropped(SkipCountedOnce):
+    """Publishes nothing about its tier (``config_info``) whatever the spec told it."""
+
+    def __init__(self, *args, info=None, **kwargs):
+        super().__init__(*args, **kwargs)
