@@ -239,6 +239,7 @@ def _mutmut_found() -> bool:
 
 
 def run(suite: Suite, max_children: int) -> dict:
+    commit = _commit()  # the tree as staged: later commits during a long run are not in it
     where = stage(suite)
     mutmut = _mutmut(release_python(suite).parent if suite.vllm else None)
     env = {**os.environ, "PYTHONHASHSEED": "0"}
@@ -261,7 +262,7 @@ def run(suite: Suite, max_children: int) -> dict:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"mutmut run failed ({proc.returncode}); log: {log}")
-    return collect(suite, where, seconds, max_children, mutmut)
+    return collect(suite, where, seconds, max_children, mutmut, commit)
 
 
 def _diff(where: Path, name: str, mutmut: str) -> str:
@@ -298,7 +299,9 @@ def _statuses(where: Path, python: str) -> dict[str, str]:
     return json.loads(done.stdout)
 
 
-def collect(suite: Suite, where: Path, seconds: float, max_children: int, mutmut: str) -> dict:
+def collect(
+    suite: Suite, where: Path, seconds: float, max_children: int, mutmut: str, commit: str
+) -> dict:
     statuses = _statuses(where, str(release_python(suite)) if suite.vllm else sys.executable)
     survivors = {n: _diff(where, n, mutmut) for n, s in sorted(statuses.items()) if s not in KILLED}
     counts: dict[str, int] = {}
@@ -311,7 +314,7 @@ def collect(suite: Suite, where: Path, seconds: float, max_children: int, mutmut
         "goal": suite.goal,
         "note": suite.note,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": commit,
         "seconds": round(seconds, 1),
         "max_children": max_children,
         "mutants": len(statuses),
