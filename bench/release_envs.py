@@ -57,6 +57,7 @@ def run_child(
         for k, v in os.environ.items()
         if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV", "PYTHONPATH"))
     }
+    env["PYTHONHASHSEED"] = "0"  # repeatable through vLLM's scheduler (vllm_releases.run_python)
     code = BOOT.format(root=str(ROOT), module=module, argv=list(argv))
     proc = subprocess.Popen(
         [str(python), "-c", code],
