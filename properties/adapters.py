@@ -237,7 +237,11 @@ class Target:
     # kvgate's interface (spec section 8 applies: bad input is refused and changes nothing, a
     # repeated key in one offer is one offer of it); vLLM's managers use assertions instead
     kvgate_interface: bool = True
-    takes_policy_path: bool = False  # its factory can name the policy by module path
+
+    @property
+    def takes_policy_path(self) -> bool:
+        """Whether its factory can name the policy by module path (vLLM's out-of-tree way)."""
+        return factory_takes(self.factory, "policy_by_path")
 
     def unchecked(self) -> list[str]:
         """What the machines do not check for this target, each with why (for the report)."""
@@ -264,6 +268,12 @@ class Target:
         if self.takes_policy_path:
             kwargs["policy_by_path"] = config.policy_by_path
         return self.adapter(self.factory(config.num_chunks, **kwargs))
+
+
+def factory_takes(factory: Factory, name: str) -> bool:
+    """Whether a factory takes the optional argument ``name`` (the ones it names in ``TAKES``,
+    as ``vllm_adapter.vllm_factory`` gives a class that has them)."""
+    return name in getattr(factory, "TAKES", ())
 
 
 def takes_recency(factory: Factory) -> bool:

@@ -454,12 +454,12 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
                     cache_policy_module_path=type(policy).__module__,
                 )
             kwargs.update(by_path[cache_policy])
+        if not policy_by_path:
+            return _build(cls, size, num_chunks, kwargs)
         # vLLM logs a warning for each out-of-tree policy; the gate's output is not its place
-        logging.disable(logging.WARNING if policy_by_path else logging.NOTSET)
+        logging.disable(logging.WARNING)
         try:
-            if size is None:
-                return cls(num_chunks, **kwargs)
-            return cls(**{size: num_chunks}, **kwargs)
+            return _build(cls, size, num_chunks, kwargs)
         finally:
             logging.disable(logging.NOTSET)
 
@@ -472,9 +472,11 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     return factory
 
 
-def factory_takes(factory: Callable[..., Any], name: str) -> bool:
-    """Whether ``vllm_factory`` gave ``factory`` the optional argument ``name``."""
-    return name in getattr(factory, "TAKES", ())
+def _build(cls: Callable[..., Any], size: str | None, num_chunks: int, kwargs: dict) -> Any:
+    """``cls`` built with ``num_chunks`` under its size argument's name (first where none)."""
+    if size is None:
+        return cls(num_chunks, **kwargs)
+    return cls(**{size: num_chunks}, **kwargs)
 
 
 def describe(
@@ -559,5 +561,4 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
         note=describe(name, cls, missing, recency, uninspectable),
         recencies=(recency,) if recency else ("touch",),
         kvgate_interface=False,
-        takes_policy_path=factory_takes(factory, "policy_by_path"),
     )

@@ -63,8 +63,9 @@ from typing import Any
 
 from kvgate.impl.base import STORES_SKIPPED
 
+from .adapters import factory_takes
 from .oracle import LockstepManager
-from .vllm_adapter import INSTALL_HINT, factory_takes
+from .vllm_adapter import INSTALL_HINT
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 CONNECTOR_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
