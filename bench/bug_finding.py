@@ -1,7 +1,7 @@
 """Table 1: how fast the manager-vs-model machine finds each catalogued known-bad manager.
 
-For each variant of ``properties.mutants.MUTANTS``, under the ``ci`` profile's settings with a
-seed (so not derandomized: each seed draws other examples):
+For each variant of ``properties.catalogue.managers.MUTANTS``, under the ``ci`` profile's
+settings with a seed (so not derandomized: each seed draws other examples):
 
 - **time and examples to the first failure**: a run without shrinking
   (``phases=[explicit, reuse, generate]``), over ``seeds`` seeds. The time runs from the call
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from hypothesis import Phase
 from hypothesis.database import InMemoryExampleDatabase
 
-from kvgate.properties.hypothesis_private import mark_unshrunk, shrinking_deadline
+from kvgate.properties.catalogue.managers import MUTANTS
 from kvgate.properties.manager_machine import make_machine
-from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.runner import run_machine
+from kvgate.properties.search.hypothesis_private import mark_unshrunk, shrinking_deadline
 from kvgate.properties.targets import resolve_target
 
 GOAL_SECONDS = 2.0

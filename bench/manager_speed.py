@@ -18,7 +18,7 @@ The ops/s figure divides the calls actually made by the replay's wall time (best
 the clock starts; the replay loop itself is the same for every manager.
 
 vLLM's ``CPUOffloadingManager`` is called directly with its own key and context types (built
-with ``properties.vllm_adapter``'s types and constructor factory), so the adapter's key
+with ``properties.vllm_harness.adapter``'s types and constructor factory), so the adapter's key
 translation is not in its time. ``--vllm vllm=MODULE:ATTR`` replays into any class with
 vLLM's interface instead (``tests.fake_vllm:FakeManager`` exercises the path without vLLM).
 
@@ -308,7 +308,7 @@ def vllm_contender(trace: Trace, spec_text: str = "vllm") -> tuple[Contender | N
     """vLLM's manager (or ``vllm=MODULE:ATTR``) with its own keys and contexts, or None and
     why not."""
     from kvgate.properties.adapters import TargetError
-    from kvgate.properties.vllm_adapter import resolve_vllm
+    from kvgate.properties.vllm_harness.adapter import resolve_vllm
 
     try:
         target = resolve_vllm(spec_text)

@@ -13,7 +13,7 @@ plus the machine's own glue (comparisons, history, labels) and the proxies' own 
   NullWorker, the oracle's comparisons counted apart;
 - worker machine: ``target`` = impl's OffloadWorker, ``model`` = the byte model (the helpers that
   update what every byte should hold, and the invariant comparing them);
-- vLLM scheduler machine (``properties/vllm_scheduler_machine.py``), one row per release
+- vLLM scheduler machine (``properties/vllm_harness/machine.py``), one row per release
   environment that is built (``bench/release_envs.py``), not split: steps per second on
   0.34.0 with its skip count mended (a passing run), and in the notes, per release, the
   seconds to find a counterexample (the generate phase alone) and to shrink it.
@@ -193,12 +193,12 @@ def scheduler_machine(watch: Stopwatch | None):
 
 
 # The machine's own model helpers (which jobs may touch what); the byte model
-# (properties.worker_bytes: what every byte should hold, the comparison) is timed as a whole.
+# (properties.worker.byte_model: what every byte should hold, the comparison) is timed as a whole.
 WORKER_MODEL_METHODS = ("touched", "choose", "slots_of")
 
 
 def worker_machine(watch: Stopwatch | None):
-    from kvgate.properties.worker_machine import OffloadWorkerMachine as base
+    from kvgate.properties.worker.machine import OffloadWorkerMachine as base
 
     if watch is None:
         return base
@@ -260,8 +260,8 @@ def vllm_child(examples: int) -> dict:
     """In a release environment: the seconds to find a counterexample on the release and to
     shrink it, and steps/s of a passing run (the mended 0.34.0; elsewhere the failing run)."""
     import kvgate.impl
-    from kvgate.properties.vllm_adapter import installed_vllm_version
-    from kvgate.properties.vllm_scheduler_machine import summary
+    from kvgate.properties.vllm_harness.adapter import installed_vllm_version
+    from kvgate.properties.vllm_harness.machine import summary
 
     version = installed_vllm_version()
     found = summary("vllm", find_only=True)

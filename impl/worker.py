@@ -68,7 +68,7 @@ each layer).
 
 The worker is not thread-safe: one thread drives it.
 
-Override points (each known-bad worker in ``properties/bad_workers.py`` replaces one):
+Override points (each known-bad worker in ``properties/catalogue/workers.py`` replaces one):
 ``_byte_view`` (a layer as page bytes), ``_slot_rows`` (the offset rule), ``_validate`` /
 ``_submit`` (checks before bytes move), ``_launch`` (start a copy and say when it is done),
 ``get_finished`` (reporting order), ``fail_next`` (which jobs an injected failure hits).

@@ -38,7 +38,7 @@ def admission_step(
     request has not counted it in this generation); spec A2 (an offered key the tracker did not
     hold has count 1 after the offer, whether or not this request counted it before, unless the
     tracker is full of the offer's own keys).
-    Laws over several offers: ``properties/laws.py``.
+    Laws over several offers: ``properties/symbolic/laws.py``.
 
     pre: threshold >= 0 and max_tracker_size >= 1 and (threshold >= 2 or not tracker)
     pre: len(tracker) <= max_tracker_size and len(dict(tracker)) == len(tracker)

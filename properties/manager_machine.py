@@ -37,7 +37,7 @@ The manager's whole contract, not one scheduler's habits (spec section 2):
   two models share one table of records (``Model.slots``) to follow that.
 - **Pressure**: offers of 1 to 4 distinct keys need several victims; pinned and pending chunks.
 - **Swarm testing** (Groce et al., ISSTA 2012) and weighted rules
-  (``properties/rule_choice.py``), and ``hypothesis.target`` towards victims per offer, pinned
+  (``search/rule_choice.py``), and ``hypothesis.target`` towards victims per offer, pinned
   chunks, tracker push-outs, and the two rarest decisions (a metadata-only removal filtered at
   the drain, a skip of a key the request had admitted: 0.34.0's defect lives there).
 
@@ -72,10 +72,10 @@ from kvgate.model.cache import Model
 
 from .adapters import Config, Target
 from .contexts import Contexts
-from .coverage import Recorded
 from .offers import Handles
 from .oracle import EXACT_ONLY, LockstepManager, build
-from .rule_choice import install as install_rule_choice
+from .search.coverage import Recorded
+from .search.rule_choice import install as install_rule_choice
 
 __all__ = [
     "EXACT_ONLY",
@@ -248,7 +248,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     TARGET: Target  # set by make_machine
     POLICIES: tuple[str, ...]
     LABELS = LABELS
-    # How the next rule is picked (properties/rule_choice.py): offers weigh most, and the
+    # How the next rule is picked (properties/search/rule_choice.py): offers weigh most, and the
     # first rules are where shrinking goes.
     RULE_WEIGHTS = {
         "offer": 4,

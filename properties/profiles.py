@@ -10,7 +10,7 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
-from .hypothesis_private import stop_local_constants
+from .search.hypothesis_private import stop_local_constants
 
 # The phases every profile runs: all but explain, which costs 15-30 s per failing state machine
 # and adds nothing to a shrunk program that already prints every step.

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from . import hypothesis_private as private
 from .profiles import default_profile
+from .search import hypothesis_private as private
 
 PROFILE_DATABASE = object()  # ``run_machine(database=...)``: the profile's own database
 

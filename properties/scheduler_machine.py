@@ -24,7 +24,7 @@ Checked:
 
 ``make_machine(target)`` builds the machine for a resolved target (``properties.targets``: impl,
 a catalogued mutant, ``MODULE:ATTR``, a vLLM release), as every machine module does. Coverage
-labels come from the recorded history (``properties.coverage``): each step records what the
+labels come from the recorded history (``properties.search.coverage``): each step records what the
 scheduler's counters did.
 """
 
@@ -42,10 +42,10 @@ from kvgate.model.cache import Model
 
 from .adapters import Config, Target
 from .audit import Audit
-from .coverage import Recorded
 from .null_worker import NullWorker
 from .oracle import LockstepManager, fmt_key
-from .rule_choice import install as install_rule_choice
+from .search.coverage import Recorded
+from .search.rule_choice import install as install_rule_choice
 
 VOCAB = (1, 2)
 NAMES = ("a", "b", "c")

@@ -14,12 +14,12 @@ constructor (``num_blocks``), ``on_new_request`` answering an offloading context
 iterated, ``get_stats()`` as an object whose ``reduce()`` gives metric name -> value (the
 histogram summarised, its samples kept in ``metric_sections()``), the tracker as the ``counts``
 attribute (an ``OrderedDict``, or ``None`` below threshold 2), and the internals the adapter
-inspects under the names ``properties.vllm_adapter.INTERNALS`` gives. ``FakeEveryOfferCounts``
+inspects under the names ``vllm_harness.adapter.INTERNALS`` gives. ``FakeEveryOfferCounts``
 does the same for a known-bad manager, ``FakeManagerWithoutTouch`` lacks ``touch``.
 ``NotAManager`` builds but has none of the interface.
 
 The module defines ``ReqContext`` and ``make_offload_key``, so ``vllm=tests.fake_vllm:...``
-targets take their types from here (``properties.vllm_adapter.resolve_vllm``).
+targets take their types from here (``properties.vllm_harness.adapter.resolve_vllm``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 
 from kvgate.impl.base import make_key
 from kvgate.impl.manager import OffloadingManager
-from kvgate.properties.mutants import EveryOfferCounts
+from kvgate.properties.catalogue.managers import EveryOfferCounts
 
 
 class OffloadKey(NamedTuple):

@@ -23,7 +23,7 @@ from kvgate.cli import main
 from kvgate.properties.adapters import Config
 from kvgate.properties.manager_machine import EXACT_ONLY
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_adapter import VllmAdapter, VllmTypes, resolve_vllm
+from kvgate.properties.vllm_harness.adapter import VllmAdapter, VllmTypes, resolve_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--profile", "ci", "--max-examples", "30", "--steps", "20"]
@@ -245,7 +245,7 @@ def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing)
 
 def test_module_attr_bad_manager_fails(capsys):
     code, out, _ = check(
-        capsys, *MANAGER_ONLY, "--target", "kvgate.properties.mutants:EveryOfferCounts"
+        capsys, *MANAGER_ONLY, "--target", "kvgate.properties.catalogue.managers:EveryOfferCounts"
     )
     assert code == 1, out
 

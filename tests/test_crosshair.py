@@ -13,13 +13,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvgate.model import admission
-from kvgate.properties import laws, symbolic
-from kvgate.properties.symbolic import Key, Small, call_checked, call_checked_on, small_state
+from kvgate.properties.symbolic import crosshair as symbolic
+from kvgate.properties.symbolic import laws
+from kvgate.properties.symbolic.crosshair import (
+    Key,
+    Small,
+    call_checked,
+    call_checked_on,
+    small_state,
+)
 
 pytestmark = pytest.mark.crosshair
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = "kvgate.properties.symbolic."
+SMALL = "kvgate.properties.symbolic.crosshair."
 
 
 # ---- CrossHair's commands
@@ -31,7 +38,7 @@ def test_check_finds_no_counterexample_to_the_step_contract():
 
 
 def test_check_finds_no_counterexample_to_the_laws():
-    out = symbolic.run(symbolic.check_command("kvgate.properties.laws", timeout=5))
+    out = symbolic.run(symbolic.check_command("kvgate.properties.symbolic.laws", timeout=5))
     assert out.returncode == 0 and "error" not in out.output, out.output
 
 

@@ -1,6 +1,6 @@
-"""The private Hypothesis APIs kvgate uses (properties/hypothesis_private.py, the one module that
-touches them) are there, in the shape kvgate uses, and in effect; an upgrade that changes one
-fails here, naming the installed version and the one they were checked with."""
+"""The private Hypothesis APIs kvgate uses (properties/search/hypothesis_private.py, the one
+module that touches them) are there, in the shape kvgate uses, and in effect; an upgrade that
+changes one fails here, naming the installed version and the one they were checked with."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import hypothesis
 from hypothesis.internal.conjecture import providers
 from hypothesis.stateful import RuleStrategy
 
-from kvgate.properties import hypothesis_private as private
-from kvgate.properties.rule_choice import WeightedRules
+from kvgate.properties.search import hypothesis_private as private
+from kvgate.properties.search.rule_choice import WeightedRules
 from kvgate.properties.targets import resolve_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +33,9 @@ def test_every_private_api_kvgate_uses_is_as_kvgate_uses_it():
 def test_they_were_checked_with_the_pinned_version():
     pinned = re.search(r"^hypothesis==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
     assert pinned and pinned.group(1) == private.CHECKED_WITH, (
-        "constraints.txt pins another Hypothesis than the one properties/hypothesis_private.py "
-        "was checked with: check each use there, then update CHECKED_WITH"
+        "constraints.txt pins another Hypothesis than the one "
+        "properties/search/hypothesis_private.py was checked with: check each use there, "
+        "then update CHECKED_WITH"
     )
 
 

@@ -4,7 +4,7 @@ The seed's two tests, one scenario per admission claim (spec A1-A8), then LRU, A
 failed stores, reset, events, gauges and bad input. Each scenario is a function of a manager
 factory that returns what it observed, with no assertion of its own; one table (``CLAIMS``)
 says what impl must observe in each, and for each variant that breaks the claim (the
-catalogue's, properties/mutants.py, or a local one) the fields in which it must observe
+catalogue's, properties/catalogue/managers.py, or a local one) the fields in which it must observe
 something else.
 
 Keys are written by name ("a" is ``make_key(b"a")``) and results are shown by name.
@@ -22,7 +22,7 @@ import pytest
 from kvgate.impl.base import LookupResult, OffloadingEvent, ReqContext, make_key
 from kvgate.impl.manager import OffloadingManager
 from kvgate.impl.tracker import AdmissionTracker
-from kvgate.properties.mutants import MUTANTS
+from kvgate.properties.catalogue.managers import MUTANTS
 
 IMPL = OffloadingManager
 

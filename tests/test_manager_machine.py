@@ -12,8 +12,8 @@ import re
 
 import pytest
 
+from kvgate.properties.catalogue.managers import MUTANTS
 from kvgate.properties.manager_machine import make_machine
-from kvgate.properties.mutants import MUTANTS
 from kvgate.properties.runner import run_machine
 from kvgate.properties.targets import resolve_target
 
@@ -109,7 +109,7 @@ def test_machine_catches_variant(name):
 
 def test_foreign_target_that_counts_every_offer_is_told_its_admission_differs():
     """On the adoption path the admission is compared before the target's chunk choice."""
-    _, result = run("foreign=kvgate.properties.mutants:EveryOfferCounts", 300)
+    _, result = run("foreign=kvgate.properties.catalogue.managers:EveryOfferCounts", 300)
     assert not result.passed
     assert "prepare_store(['A'], requests_" in result.message.splitlines()[0]
     assert "(admitted keys differ)" in result.message, result.message

@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.impl.base import ReqContext, make_key
 from kvgate.impl.manager import OffloadingManager
-from kvgate.properties import mutants
+from kvgate.properties.catalogue import managers as mutants
 
 A, B, C, D = (make_key(x.encode()) for x in "ABCD")
 

@@ -280,8 +280,8 @@ def test_copy_worker_replay_moves_every_block_intact():
 
 def test_a_worker_that_reports_before_copying_is_caught_end_to_end():
     pytest.importorskip("torch")
-    from kvgate.properties.bad_workers import ReportsBeforeCopy
-    from kvgate.properties.tagged_worker import TaggedCopyWorker
+    from kvgate.properties.catalogue.workers import ReportsBeforeCopy
+    from kvgate.properties.worker.tagged import TaggedCopyWorker
 
     settings = replace(STRESS[SYNTHETIC], store_threshold=1, verify=True)
     worker = TaggedCopyWorker(
@@ -310,6 +310,9 @@ def test_foreign_targets_are_checked_with_their_choices_adopted():
     )
     assert ok.divergence is None and ok.admitted > 0
     bad = replay(
-        trace, "foreign=kvgate.properties.mutants:EveryOfferCounts", STRESS[SYNTHETIC], check=True
+        trace,
+        "foreign=kvgate.properties.catalogue.managers:EveryOfferCounts",
+        STRESS[SYNTHETIC],
+        check=True,
     )
     assert bad.divergence is not None and "admitted keys differ" in bad.divergence

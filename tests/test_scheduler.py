@@ -18,7 +18,7 @@ from kvgate.impl.scheduler import Request, RequestState, Scheduler, block_hashes
 from kvgate.model.cache import Model
 from kvgate.properties.adapters import NativeAdapter
 from kvgate.properties.audit import Audit, driver_hooks
-from kvgate.properties.mutants import MUTANTS
+from kvgate.properties.catalogue.managers import MUTANTS
 from kvgate.properties.null_worker import NullWorker
 from kvgate.properties.oracle import Divergence, LockstepManager
 from kvgate.properties.profiles import FIRST_FAILURE

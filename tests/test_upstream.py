@@ -157,7 +157,7 @@ VARIANTS = {
 }
 VARIANTS_PROBE = """
 import json
-from kvgate.properties import vllm_scheduler_machine
+from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine

@@ -14,7 +14,7 @@ from kvgate.properties.adapters import Config, TargetError
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.runner import run_machine
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_adapter import resolve_vllm
+from kvgate.properties.vllm_harness.adapter import resolve_vllm
 
 NO_TOUCH = "vllm=tests.fake_vllm:FakeManagerWithoutTouch"
 WITH_TOUCH = "vllm=tests.fake_vllm:FakeManager"

@@ -1,4 +1,4 @@
-"""vLLM's own scheduling path under a machine (properties/vllm_scheduler_machine.py), in each
+"""vLLM's own scheduling path under a machine (properties/vllm_harness/machine.py), in each
 release environment CI builds (tests/vllm_releases.py), and its checks without vLLM.
 
 The verdicts (issue 24):
@@ -48,8 +48,9 @@ FAULTS = {
 # find_only, kv_events); find_only stops at the first failure, unshrunk; kv_events None: drawn.
 PROBE = """
 import json
-from kvgate.properties import vllm_engine as ve
-from kvgate.properties.vllm_scheduler_machine import summary
+from kvgate.properties.vllm_harness import configs as ve_configs
+from kvgate.properties.vllm_harness import engine as ve
+from kvgate.properties.vllm_harness.machine import summary
 out = {{"runs": []}}
 for spec, profile, fault, find_only, events in {runs!r}:
     got = summary(spec, profile, fault=fault, find_only=find_only, kv_events=events)
@@ -59,7 +60,7 @@ if {seed!r}:
     # The seed's preemption scenario through vLLM's scheduler, the oracle off: a request
     # offers its two chunks once, is preempted for want of a GPU block, resumes, and offers
     # them again through the same context; no other request ever had them.
-    engine = ve.VllmEngine(ve.Setup(num_chunks=2, store_threshold=2), lockstep=False)
+    engine = ve.VllmEngine(ve_configs.Setup(num_chunks=2, store_threshold=2), lockstep=False)
     engine.add_request("r1", [1, 1, 2, 2], 3)
     engine.step()
     held = engine.hold_gpu_blocks()
@@ -202,9 +203,9 @@ def _no_vllm(monkeypatch) -> None:
 
 
 def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
-    from kvgate.properties import vllm_scheduler_machine as machine
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.targets import Target
+    from kvgate.properties.vllm_harness import machine
 
     _no_vllm(monkeypatch)
     why = machine.unavailable_reason()
@@ -217,9 +218,9 @@ def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
 
 
 def test_a_target_that_is_not_a_vllm_manager_is_refused_in_one_line(monkeypatch):
-    from kvgate.properties import vllm_scheduler_machine as machine
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.targets import resolve_target
+    from kvgate.properties.vllm_harness import machine
 
     monkeypatch.setattr(machine, "unavailable_reason", lambda: None)
     with pytest.raises(
@@ -235,7 +236,7 @@ class _Spec:
 
 
 def _checks(ready=()):
-    from kvgate.properties.vllm_engine import Checks
+    from kvgate.properties.vllm_harness.checks import Checks
 
     return Checks(2, lambda key: key in ready, lambda key: key[:1].decode())
 

@@ -14,8 +14,9 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvgate.impl.worker import OffloadWorker, TransferResult
-from kvgate.properties import bad_workers, worker_machine
-from kvgate.properties.worker_machine import BAD_MACHINES, OffloadWorkerMachine
+from kvgate.properties.catalogue import workers as bad_workers
+from kvgate.properties.worker import machine as worker_machine
+from kvgate.properties.worker.machine import BAD_MACHINES, OffloadWorkerMachine
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -415,7 +416,7 @@ def test_machine_catches_bad_worker_with_a_short_replayable_counterexample(name)
     assert len(rules) <= 4, steps  # shrunk
     # The printed steps replay as they stand.
     namespace: dict = {}
-    exec("from kvgate.properties.worker_machine import *", namespace)
+    exec("from kvgate.properties.worker.machine import *", namespace)
     with pytest.raises(AssertionError):
         exec("\n".join(steps), namespace)
 

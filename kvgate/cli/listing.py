@@ -47,8 +47,8 @@ def machine_lines() -> list[str]:
 
 
 def cmd_list(args) -> int:
-    from kvgate.properties.mutants import MUTANTS
-    from kvgate.properties.vllm_adapter import VLLM_MANAGER
+    from kvgate.properties.catalogue.managers import MUTANTS
+    from kvgate.properties.vllm_harness.adapter import VLLM_MANAGER
 
     now = choose_profile(None)
     out = ["targets:"]

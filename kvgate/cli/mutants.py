@@ -54,7 +54,7 @@ def run_mutant(
 
 
 def cmd_mutants(args) -> int:
-    from kvgate.properties.mutants import MUTANTS
+    from kvgate.properties.catalogue.managers import MUTANTS
 
     profile = choose_profile(args.profile)
     names = list(dict.fromkeys(args.only or MUTANTS))

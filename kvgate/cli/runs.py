@@ -54,7 +54,7 @@ def _scheduler(target: Target):
     return make_machine(target)
 
 
-VLLM_SCHEDULER_MODULE = "kvgate.properties.vllm_scheduler_machine"
+VLLM_SCHEDULER_MODULE = "kvgate.properties.vllm_harness.machine"
 
 
 def _vllm_scheduler(target: Target):
@@ -72,7 +72,7 @@ def _said(exc: BaseException) -> str:
 
 def _vllm_missing() -> str | None:
     """Why the installed vLLM cannot be used, or None."""
-    from kvgate.properties.vllm_adapter import VLLM_MANAGER
+    from kvgate.properties.vllm_harness.adapter import VLLM_MANAGER
 
     try:
         importlib.import_module(VLLM_MANAGER)
@@ -98,7 +98,7 @@ def _vllm_scheduler_unavailable() -> str | None:
 
 def _vllm_install() -> str:
     """How to install a release (spec §10), when vLLM is what is missing."""
-    from kvgate.properties.vllm_adapter import INSTALL_HINT
+    from kvgate.properties.vllm_harness.adapter import INSTALL_HINT
 
     return INSTALL_HINT if _vllm_missing() else ""
 

@@ -74,7 +74,7 @@ def resolve(spec: str):
 def make_worker(s: ReplaySettings, verify: bool):
     """The worker ``s.worker`` names: the copy worker on ``s.device``, else the null worker."""
     if s.worker == "copy":
-        from kvgate.properties.tagged_worker import TaggedCopyWorker
+        from kvgate.properties.worker.tagged import TaggedCopyWorker
 
         return TaggedCopyWorker(s.gpu_blocks, s.num_chunks, s.blocks_per_chunk, device=s.device)
     return NullWorker(

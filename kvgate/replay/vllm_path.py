@@ -1,7 +1,7 @@
 """``kvgate replay TRACE --scheduler vllm``: the trace through vLLM's own scheduler.
 
 The installed release's ``Scheduler`` and ``OffloadingConnector`` (built offline on a CPU,
-``kvgate.properties.vllm_engine``) run the trace with the target manager behind the connector
+``kvgate.properties.vllm_harness``) run the trace with the target manager behind the connector
 (``vllm``, or ``vllm=MODULE:ATTR``). The replay's flags keep their meaning where vLLM has the
 same knob: ``--block-size`` (tokens per GPU block and per hash), ``--max-running``
 (``max_num_seqs``), ``--prefill-tokens`` (``max_num_batched_tokens``, chunked prefill),
@@ -72,7 +72,8 @@ def replay_vllm(
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
     from kvgate.properties.oracle import Divergence
-    from kvgate.properties.vllm_engine import Setup, VllmEngine
+    from kvgate.properties.vllm_harness.configs import Setup
+    from kvgate.properties.vllm_harness.engine import VllmEngine
 
     s = replace(settings, policy=settings.policy or tgt.policies[0])
     if s.limit is not None:

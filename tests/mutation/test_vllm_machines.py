@@ -33,12 +33,13 @@ STAGED = staged_vllm.staged_root(Path.cwd())
 if STAGED is not None:
     staged_vllm.install(Path.cwd())
 
-from kvgate.properties import scheduler_machine, vllm_scheduler_machine  # noqa: E402 - staged first
+from kvgate.properties import scheduler_machine  # noqa: E402 - staged first
 from kvgate.properties.manager_machine import make_machine  # noqa: E402 - staged first
 from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - staged first
 from kvgate.properties.runner import run_machine  # noqa: E402 - staged first
 from kvgate.properties.targets import resolve_target  # noqa: E402 - staged first
-from kvgate.properties.vllm_engine import configs  # noqa: E402 - staged first
+from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402 - staged first
+from kvgate.properties.vllm_harness.configs import configs  # noqa: E402 - staged first
 
 PROFILE = "ci"
 MANAGER_EXAMPLES = 300

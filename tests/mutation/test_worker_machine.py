@@ -14,10 +14,10 @@ import pytest
 
 import kvgate.impl.worker
 from kvgate.impl.worker import OffloadWorker
-from kvgate.properties import worker_machine
 from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine
-from kvgate.properties.worker_machine import make_machine
+from kvgate.properties.worker import machine as worker_machine
+from kvgate.properties.worker.machine import make_machine
 
 PROFILE = "ci"
 WORKER_EXAMPLES = 300

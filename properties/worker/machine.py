@@ -1,13 +1,13 @@
 """A state machine that drives one copy worker alone against a byte model (spec §6).
 
-The model (``properties.worker_bytes``) is deliberately trivial: every GPU block and every CPU
+The model (``properties.worker.byte_model``) is deliberately trivial: every GPU block and every CPU
 sub-block holds a *label*, whose bytes are a fixed function of the label and the layer, and the
 padding after each GPU page a pattern nothing may change. After every step the machine compares
 every byte it can predict: GPU pages and padding, and the worker's CPU tier
 (``worker.cpu_tensors``, whose shape spec §6 fixes); only the destinations of jobs not yet
 reported are left out, since their copy may or may not have run. The layouts it builds workers
-for are ``properties.worker_layouts``; the bad transfers and constructions, and what their
-refusals must say, ``properties.worker_defects``.
+for are ``properties.worker.layouts``; the bad transfers and constructions, and what their
+refusals must say, ``properties.worker.defects``.
 
 Rules: submit store / load (random blocks and chunks, with sub-block offsets), GPU writes,
 ``get_finished`` (each job exactly once, oldest first per direction, ``success``/``bytes`` as
@@ -18,7 +18,7 @@ arguments, and invalid transfers (``ValueError``, every byte unchanged, no job, 
 up). On the CPU path copies are synchronous, so each ``get_finished`` there must report every
 job, and a copy that moved bytes reports a duration above 0.
 
-A refusal must *say* what is wrong, each name whole and as written (``properties.worker_defects``
+A refusal must *say* what is wrong, each name whole and as written (``properties.worker.defects``
 has the rules).
 
 ``make_machine(factory)`` builds the machine for any worker factory with the signature
@@ -27,7 +27,7 @@ clock (seconds), which the machine gives it so that the seconds a copy reports a
 every replay of an example. The module defines one machine per worker of ours
 (``OffloadWorkerMachine`` and one per known-bad worker) so that a printed counterexample
 (``state = OffByOneOffsetMachine()`` ...) replays after
-``from kvgate.properties.worker_machine import *``.
+``from kvgate.properties.worker.machine import *``.
 
 Generated values that depend on the layout are *picks*: ``picks=[3, 0]`` means "the 3rd and the
 0th of the blocks that may take part, modulo their number", ``chunk_pick`` where the list of
@@ -51,11 +51,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvgate.impl.worker import LOAD, STORE, OffloadWorker, TransferResult
 
-from . import bad_workers, worker_defects
-from .coverage import Recorded
-from .worker_bytes import ByteModel
-from .worker_defects import CTOR_ACCEPTED, CTOR_DEFECTS, DEFECTS, refused
-from .worker_layouts import LayerSpec, WorkerLayout, worker_layouts
+from ..catalogue import workers as bad_workers
+from ..search.coverage import Recorded
+from . import defects as worker_defects
+from .byte_model import ByteModel
+from .defects import CTOR_ACCEPTED, CTOR_DEFECTS, DEFECTS, refused
+from .layouts import LayerSpec, WorkerLayout, worker_layouts
 
 PICKS = st.lists(st.integers(0, 63), max_size=4)
 PICK = st.integers(0, 63)
@@ -120,7 +121,7 @@ def _submitted(kind: str, fact: Callable[[dict], bool] = lambda e: True):
     return lambda e: e["rule"] == f"submit_{kind}" and fact(e)
 
 
-# Coverage labels: predicates over the recorded history (properties/coverage.py).
+# Coverage labels: predicates over the recorded history (properties/search/coverage.py).
 LABELS = {
     **{f"{k} submitted": _submitted(k) for k in (STORE, LOAD)},
     **{f"{k} with offset": _submitted(k, lambda e: e["offset"] > 0) for k in (STORE, LOAD)},

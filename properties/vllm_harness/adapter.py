@@ -50,7 +50,7 @@ from kvgate.impl.base import (
     key_group,
 )
 
-from .adapters import POLICIES, Adapter, Event, Target, TargetError, check_interface, import_attr
+from ..adapters import POLICIES, Adapter, Event, Target, TargetError, check_interface, import_attr
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"

@@ -2,7 +2,7 @@
 what happens on a Hypothesis without it.
 
 Nothing else in kvgate reaches into Hypothesis's internals; the rule choice
-(``properties.rule_choice``), the runner (``properties.runner``), the profiles
+(``properties.search.rule_choice``), the runner (``properties.runner``), the profiles
 (``properties.profiles``) and the bug-finding bench call the functions below. ``problems()``
 lists what this Hypothesis lacks of them, or has in another shape; tests/test_hypothesis_private.py
 fails on any, naming the installed version and ``CHECKED_WITH``, so that an upgrade that changes
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 CHECKED_WITH = "6.170.17"
 
 # --------------------------------------------------------------------------- rule choice
-# properties.rule_choice replaces a machine's rule strategy with one that evaluates the
+# properties.search.rule_choice replaces a machine's rule strategy with one that evaluates the
 # preconditions once and draws the step with one integer (a third of a manager-machine step's
 # time goes to Hypothesis's rejection of disabled rules). Without these, machines keep
 # Hypothesis's own strategy: the same rules, slower, no weights and no swarm.

@@ -15,7 +15,7 @@ preconditions once and draws once:
   the machine's history (``rule="swarm"``), so coverage can require that swarm ran.
 
 ``install(machine)`` puts it in place of Hypothesis's strategy; on a Hypothesis without the
-internals it relies on (``properties.hypothesis_private``, where every one is named), the machine
+internals it relies on (``hypothesis_private`` beside this, where every one is named), the machine
 keeps Hypothesis's own (slower, as correct).
 """
 

@@ -1,4 +1,4 @@
-"""The machine over vLLM's own scheduling path (``properties.vllm_engine``).
+"""The machine over vLLM's own scheduling path (``properties.vllm_harness.engine``).
 
 Each rule is an engine event, applied to the installed release's ``Scheduler`` (sync or async,
 and KV events on or off, drawn per example) with the ``OffloadingConnector``'s scheduler side
@@ -39,12 +39,13 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .adapters import TargetError
-from .coverage import Recorded
-from .oracle import Divergence
-from .rule_choice import install as install_rule_choice
-from .targets import Target
-from .vllm_engine import BLOCK_SIZE, FAULTS, Setup, VllmEngine, is_vllm_target, unavailable_reason
+from ..adapters import TargetError
+from ..oracle import Divergence
+from ..search.coverage import Recorded
+from ..search.rule_choice import install as install_rule_choice
+from ..targets import Target
+from .configs import BLOCK_SIZE, FAULTS, Setup, is_vllm_target, unavailable_reason
+from .engine import VllmEngine
 
 __all__ = [
     "DESCRIPTION",
@@ -393,7 +394,7 @@ def make_machine(
     for tests of the checks; ``kv_events`` fixes vLLM's ``enable_kv_cache_events`` (drawn when
     ``None``; vLLM's default is off). ``TargetError`` (one line) for another target or where
     vLLM is not importable."""
-    from .manager_machine import machine_name
+    from ..manager_machine import machine_name
 
     why = unavailable_reason()
     if why:
@@ -441,9 +442,9 @@ def summary(
 
     from hypothesis import Phase
 
-    from .runner import run_machine
-    from .targets import resolve_target
-    from .vllm_engine import configs
+    from ..runner import run_machine
+    from ..targets import resolve_target
+    from .configs import configs
 
     configs()  # built once, before the clock starts
     cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep, kv_events=kv_events)

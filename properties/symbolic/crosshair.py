@@ -171,7 +171,7 @@ def old_reentry_small(
 ) -> Step:
     """The first spec's re-entry rule (``mutants.DroppedKeyNotRetracked``'s tracker): a key the
     request counted is not tracked again once dropped. The spec A2 ``post:`` refuses it."""
-    from kvgate.properties.mutants import OldReentryTracker
+    from kvgate.properties.catalogue.managers import OldReentryTracker
 
     return tracker_step(
         *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size),

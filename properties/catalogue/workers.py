@@ -1,6 +1,6 @@
 """Known-bad copy workers: each overrides one step of ``impl.worker.OffloadWorker``.
 
-Every one of them must make ``properties.worker_machine`` fail (tests/test_worker.py checks
+Every one of them must make ``properties.worker.machine`` fail (tests/test_worker.py checks
 that it does, under the ci profile, with a shrunk counterexample). A check that none of them
 trips is a check that cannot fail.
 """

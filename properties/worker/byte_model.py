@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-from .worker_layouts import DTYPES, WorkerLayout
+from .layouts import DTYPES, WorkerLayout
 
 _ROWS: dict[tuple[int, int, int], torch.Tensor] = {}  # (layer, label, page) -> page bytes
 

@@ -1,0 +1,275 @@
+"""vLLM's scheduling path, built offline on a CPU: what one example's engine is made of
+(``Setup``, ``Shape``) and what is slow to build, built once per process (``configs()``).
+``unavailable_reason()`` says in one line why none of this can run here."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from .adapter import INSTALL_HINT
+
+SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
+CONNECTOR_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
+DUMMY_ARCH = "KvgateDummyForCausalLM"
+BLOCK_SIZE = 2  # tokens per GPU block (and per block hash)
+MAX_MODEL_LEN = 64
+MAX_BATCHED_TOKENS = 8  # small, so that long prompts are prefilled in chunks
+MAX_SEQS = 4
+FAULTS = ("double_complete", "drop_complete", "drop_removals")
+
+
+def unavailable_reason() -> str | None:
+    """Why vLLM's scheduling path cannot run here (one line, saying how to install a release,
+    spec §10), or ``None`` when it can."""
+    for module in (SCHEDULER_MODULE, CONNECTOR_SCHEDULER_MODULE):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # ImportError, or a dependency failing while importing
+            text = str(exc).strip().splitlines()
+            why = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+            return f"vLLM's scheduler is not importable ({why}); {INSTALL_HINT}"
+    return None
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One example's engine: the CPU tier, the admission rule, the GPU and the scheduling."""
+
+    num_chunks: int = 2
+    store_threshold: int = 2
+    max_tracker_size: int = 64_000
+    policy: str = "lru"
+    async_scheduling: bool = False
+    gpu_blocks: int = 16
+    blocks_per_chunk: int = 1
+    offload_prompt_only: bool = True
+    block_size: int = BLOCK_SIZE
+    max_seqs: int = MAX_SEQS
+    batched_tokens: int = MAX_BATCHED_TOKENS
+    max_model_len: int = MAX_MODEL_LEN
+    kv_events: bool = True
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(
+            self.block_size,
+            self.max_seqs,
+            self.batched_tokens,
+            self.max_model_len,
+            self.async_scheduling,
+            self.kv_events,
+        )
+
+
+# ---------------------------------------------------------------------------- built once
+@dataclass(frozen=True)
+class Shape:
+    """What a ``VllmConfig`` fixes: tokens per block, the scheduler's limits, sync or async.
+    The machine runs one small shape; a replay builds the shape its flags name."""
+
+    block_size: int = BLOCK_SIZE
+    max_seqs: int = MAX_SEQS
+    batched_tokens: int = MAX_BATCHED_TOKENS
+    max_model_len: int = MAX_MODEL_LEN
+    async_scheduling: bool = False
+    kv_events: bool = True  # KVEventsConfig.enable_kv_cache_events (vLLM's default is off)
+
+
+class _Configs:
+    """What is slow to build, built once per process (see the module docstring): the first
+    ``VllmConfig`` takes seconds (vLLM finds its platform), each further shape milliseconds."""
+
+    def __init__(self):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        import torch
+        from torch import nn
+        from vllm import ModelRegistry
+
+        for name in ("vllm", "vllm.distributed", "vllm.v1"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+        class KvgateDummyForCausalLM(nn.Module):
+            """Never run: it only lets ModelConfig accept a generating architecture."""
+
+            def __init__(self, *, vllm_config=None, prefix: str = ""):
+                super().__init__()
+
+            def embed_input_ids(self, input_ids):
+                return input_ids
+
+            def forward(self, input_ids, positions):
+                return input_ids
+
+            def compute_logits(self, hidden_states):
+                return hidden_states
+
+        ModelRegistry.register_model(DUMMY_ARCH, KvgateDummyForCausalLM)
+        self.model_dir = tempfile.mkdtemp(prefix="kvgate-vllm-model-")
+        with open(os.path.join(self.model_dir, "config.json"), "w") as f:
+            json.dump(
+                {
+                    "architectures": [DUMMY_ARCH],
+                    "model_type": "llama",
+                    "hidden_size": 16,
+                    "intermediate_size": 16,
+                    "num_attention_heads": 1,
+                    "num_key_value_heads": 1,
+                    "num_hidden_layers": 1,
+                    "vocab_size": 1 << 20,
+                    "max_position_embeddings": 1 << 20,
+                    "torch_dtype": "float32",
+                },
+                f,
+            )
+        self.torch = torch
+        self._models: dict[int, Any] = {}
+        self._vllm: dict[Shape, Any] = {}
+        self._hashers: dict[int, Any] = {}
+        self._chunk_bytes: dict[tuple[Shape, int], int] = {}
+        self.scheduler_classes = self._scheduler_classes()
+        self.runner_output_fields = self._runner_output_fields()
+        try:  # how published events name a block hash (an int by default, or the bytes)
+            from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+            self.external_hash = maybe_convert_block_hash
+        except ImportError:
+            self.external_hash = bytes
+        self.vllm(Shape())  # the machine's shape, so that its first example is not the slow one
+
+    def vllm(self, shape: Shape):
+        """The ``VllmConfig`` of ``shape`` (one per shape and process; the connector's extra
+        config and the GPU block count are set per scheduler)."""
+        config = self._vllm.get(shape)
+        if config is None:
+            from vllm.config import (
+                CacheConfig,
+                DeviceConfig,
+                KVEventsConfig,
+                KVTransferConfig,
+                ModelConfig,
+                SchedulerConfig,
+                VllmConfig,
+            )
+
+            model = self._models.get(shape.max_model_len)
+            if model is None:
+                model = self._models[shape.max_model_len] = ModelConfig(
+                    model=self.model_dir,
+                    tokenizer=self.model_dir,
+                    skip_tokenizer_init=True,
+                    dtype="float32",
+                    max_model_len=shape.max_model_len,
+                    seed=0,
+                )
+            config = self._vllm[shape] = VllmConfig(
+                model_config=model,
+                cache_config=CacheConfig(block_size=shape.block_size, enable_prefix_caching=True),
+                scheduler_config=SchedulerConfig(
+                    max_num_seqs=shape.max_seqs,
+                    max_num_batched_tokens=shape.batched_tokens,
+                    max_model_len=shape.max_model_len,
+                    enable_chunked_prefill=True,
+                    is_encoder_decoder=False,
+                    async_scheduling=shape.async_scheduling,
+                ),
+                kv_transfer_config=KVTransferConfig(
+                    kv_connector="OffloadingConnector",
+                    kv_role="kv_both",
+                    kv_connector_extra_config={"cpu_bytes_to_use": 1 << 20},
+                ),
+                kv_events_config=KVEventsConfig(
+                    enable_kv_cache_events=shape.kv_events, publisher="null"
+                ),
+                device_config=DeviceConfig("cpu"),
+            )
+        return config
+
+    def block_hasher(self, block_size: int):
+        """vLLM's own request block hasher, with the hash the cache config names."""
+        hasher = self._hashers.get(block_size)
+        if hasher is None:
+            from vllm.utils.hashing import get_hash_fn_by_name
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+            hash_fn = get_hash_fn_by_name(self.vllm(Shape()).cache_config.prefix_caching_hash_algo)
+            if not self._hashers:
+                init_none_hash(hash_fn)
+            hasher = self._hashers[block_size] = get_request_block_hasher(block_size, hash_fn)
+        return hasher
+
+    def kv_cache_config(self, gpu_blocks: int, block_size: int):
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+        spec = FullAttentionSpec(
+            block_size=block_size, num_kv_heads=1, head_size=1, dtype=self.torch.float32
+        )
+        return KVCacheConfig(
+            num_blocks=gpu_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
+        )
+
+    def chunk_bytes(self, shape: Shape, blocks_per_chunk: int) -> int:
+        """What the connector's spec counts one CPU chunk as (aligned), asked of the spec."""
+        if (shape, blocks_per_chunk) not in self._chunk_bytes:
+            from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
+                build_offloading_config,
+            )
+            from vllm.v1.kv_offload.factory import OffloadingSpecFactory
+
+            config = self.vllm(shape)
+            extra = config.kv_transfer_config.kv_connector_extra_config
+            extra.clear()
+            extra.update(cpu_bytes_to_use=1 << 30, blocks_per_chunk=blocks_per_chunk)
+            spec = OffloadingSpecFactory.create_spec(
+                build_offloading_config(config, self.kv_cache_config(8, shape.block_size))
+            )
+            size = getattr(spec, "kv_bytes_per_chunk", 0)
+            if not size:
+                raise RuntimeError(
+                    f"{type(spec).__name__} does not say how many bytes a "
+                    "chunk takes (no kv_bytes_per_chunk)"
+                )
+            self._chunk_bytes[(shape, blocks_per_chunk)] = int(size)
+        return self._chunk_bytes[(shape, blocks_per_chunk)]
+
+    @staticmethod
+    def _scheduler_classes() -> dict[bool, type]:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        try:
+            from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+        except ImportError:
+            AsyncScheduler = None
+        return {False: Scheduler, True: AsyncScheduler}
+
+    @staticmethod
+    def _runner_output_fields() -> frozenset[str]:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        return frozenset(f.name for f in dataclasses.fields(ModelRunnerOutput))
+
+
+_CONFIGS: _Configs | None = None
+
+
+def configs() -> _Configs:
+    global _CONFIGS
+    if _CONFIGS is None:
+        _CONFIGS = _Configs()
+    return _CONFIGS
+
+
+def is_vllm_target(spec: str) -> bool:
+    """``vllm``, ``vllm=MODULE:ATTR``, either of them ``foreign=``."""
+    spec = spec.removeprefix("foreign=")
+    return spec == "vllm" or spec.startswith("vllm=")

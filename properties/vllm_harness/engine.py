@@ -1,0 +1,208 @@
+"""vLLM's own ``Scheduler`` with the ``OffloadingConnector``, a checked manager and the fake
+worker, stepped as an engine core steps it (spec §7)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..adapters import factory_takes
+from .checks import Checks
+from .configs import Setup, configs
+from .fake_worker import FakeWorker
+from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
+
+
+# ---------------------------------------------------------------------------- the engine
+class _Published:
+    """Stands for the scheduler's KV event publisher: hands each batch to the checks."""
+
+    def __init__(self, checks: Checks):
+        self.checks = checks
+
+    def publish(self, batch: Any) -> None:
+        self.checks.published(getattr(batch, "events", ()))
+
+    def shutdown(self) -> None:
+        return None
+
+
+@dataclass
+class _Batch:
+    output: Any  # SchedulerOutput
+    sampled: dict[str, bool]  # req_id -> samples a token (not a prefill chunk)
+    kv_output: Any
+    stores: list[int]
+
+
+class VllmEngine:
+    """vLLM's scheduler with the connector, a checked manager and the fake worker, stepped
+    as an engine core steps it (sync: schedule, execute, update; async: a queue of two
+    batches, as ``step_with_batch_queue`` keeps it)."""
+
+    def __init__(
+        self,
+        setup: Setup,
+        target: Any = None,
+        *,
+        fault: str | None = None,
+        lockstep: bool = True,
+        key_name: Callable[[bytes], str] | None = None,
+        log: list[dict[str, Any]] | None = None,
+    ):
+        """``target``: a resolved ``vllm`` or ``vllm=MODULE:ATTR`` target (``None``: the
+        installed release's ``vllm``)."""
+        from vllm.v1.structured_output import StructuredOutputManager
+
+        if target is None:
+            from .targets import resolve_target
+
+            target = resolve_target("vllm")
+        cfg = configs()
+        self.setup = setup
+        self.cfg = cfg
+        self.target = target
+        cls = cfg.scheduler_classes[setup.async_scheduling]
+        if cls is None:
+            raise RuntimeError("this vLLM has no AsyncScheduler")
+        vllm_config = cfg.vllm(setup.shape)
+        chunk_bytes = cfg.chunk_bytes(setup.shape, setup.blocks_per_chunk)
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        extra.clear()
+        extra.update(
+            cpu_bytes_to_use=setup.num_chunks * chunk_bytes,
+            blocks_per_chunk=setup.blocks_per_chunk,
+            store_threshold=setup.store_threshold,
+            max_tracker_size=setup.max_tracker_size,
+            eviction_policy=setup.policy,
+            offload_prompt_only=setup.offload_prompt_only,
+        )
+        vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
+        self.sched = cls(
+            vllm_config=vllm_config,
+            kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size),
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=setup.block_size,
+            log_stats=True,
+        )
+        connector = self.sched.connector
+        self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
+        real = self.connector.manager
+        factory = manager_factory(target)
+        info = spec_config_info(setup, chunk_bytes)  # what the spec told the manager it built
+        if factory is not None:
+            takes_info = factory_takes(target.factory, "info")
+            real, info = factory(setup, real), (info if takes_info else None)
+        self.key_name = key_name or (lambda k: k.hex()[:8])
+        self.adapter = target.adapter(real)
+        self.checks = Checks(setup.store_threshold, self._ready, self.key_name)
+        self.oracle = build_oracle(
+            self.adapter, setup, target, key_name=self.key_name, log=log, config_info=info
+        )
+        front_of = self.oracle if lockstep else _Unchecked(self.adapter)
+        self.front = Front(front_of, self.adapter, real, self.checks, fault)
+        self.connector.manager = self.front
+        self.sched.kv_event_publisher = _Published(self.checks)
+        self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
+        self.queue: list[_Batch] = []
+        self.steps = 0
+        self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
+        self.counts = Counter()
+
+    # --- what the checks read
+    def _ready(self, key: bytes) -> bool:
+        return str(self.adapter.lookup(key, None)) == "HIT"
+
+    # --- engine events
+    def add_request(self, req_id: str, tokens: list[int], max_tokens: int) -> Any:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        request = Request(
+            request_id=req_id,
+            prompt_token_ids=list(tokens),
+            sampling_params=params,
+            pooling_params=None,
+            block_hasher=self.cfg.block_hasher(self.setup.block_size),
+        )
+        self.sched.add_request(request)
+        return request
+
+    def abort(self, req_id: str) -> None:
+        from vllm.v1.request import RequestStatus
+
+        self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+
+    def reset(self, running_too: bool = False) -> bool:
+        """The path vLLM's ``reset_prefix_cache(reset_connector=True)`` takes."""
+        return bool(
+            self.sched.reset_prefix_cache(reset_running_requests=running_too, reset_connector=True)
+        )
+
+    def can_step(self) -> bool:
+        return bool(self.queue) or self.sched.has_requests()
+
+    def step(self) -> None:
+        """One engine-core step."""
+        self.steps += 1
+        self.worker.clock = self.steps
+        if self.engine_clock:
+            self.oracle.set_step(self.steps)
+        scheduled = False
+        if self.sched.has_requests():
+            out = self.sched.schedule()
+            self.worker.receive(out.kv_connector_metadata)
+            kv_output, stores = self.worker.report()
+            sampled = {}
+            for req_id in out.num_scheduled_tokens:
+                req = self.sched.requests.get(req_id)
+                sampled[req_id] = req is not None and not req.is_prefill_chunk
+            if out.preempted_req_ids:
+                self.counts["preemptions"] += len(out.preempted_req_ids)
+            self.queue.append(_Batch(out, sampled, kv_output, stores))
+            scheduled = out.total_num_scheduled_tokens > 0
+        if not self.queue:
+            return
+        if self.setup.async_scheduling and len(self.queue) < 2 and scheduled:
+            self.counts["overlapped"] += 1
+            return  # the engine returns to schedule the next batch before waiting
+        self._update(self.queue.pop(0))
+
+    def _update(self, batch: _Batch) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = list(batch.output.num_scheduled_tokens)
+        kwargs: dict[str, Any] = dict(
+            req_ids=req_ids,
+            sampled_token_ids=[[SAMPLED_TOKEN] if batch.sampled[r] else [] for r in req_ids],
+            kv_connector_output=batch.kv_output,
+        )
+        if "req_id_to_index" in self.cfg.runner_output_fields:
+            kwargs["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        fields = self.cfg.runner_output_fields
+        kwargs = {k: v for k, v in kwargs.items() if k in fields}
+        self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
+        self.checks.reported(batch.stores)
+        if self.setup.kv_events:  # with events off, nothing is announced, by design
+            self.checks.check_events(self.cfg.external_hash)
+
+    def drain(self) -> None:
+        """Process every queued batch (the engine waits for what it already executed)."""
+        while self.queue:
+            self._update(self.queue.pop(0))
+
+    # --- GPU blocks held outside the scheduler (so the next step that needs one preempts)
+    def hold_gpu_blocks(self) -> list[Any]:
+        pool = self.sched.kv_cache_manager.block_pool
+        n = pool.get_num_free_blocks()
+        return pool.get_new_blocks(n) if n else []
+
+    def release_gpu_blocks(self, blocks: list[Any]) -> None:
+        if blocks:
+            self.sched.kv_cache_manager.block_pool.free_blocks(blocks)
+
+
+SAMPLED_TOKEN = 7

@@ -1,0 +1,241 @@
+"""Where the connector keeps its manager: ``Front`` sends each call through the lockstep oracle
+and hands vLLM exactly what the real manager returned; ``build_oracle`` and ``manager_factory``
+say what stands behind the connector for a target."""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.impl.base import STORES_SKIPPED
+
+from ..adapters import factory_takes
+from ..oracle import LockstepManager
+from .checks import Checks
+from .configs import Setup
+
+# ---------------------------------------------------------------------------- the front
+_NOT_ASKED = object()  # the adapter's raw answer before a call reaches the manager
+
+
+class Front:
+    """Stands where the connector scheduler keeps its manager. Each call goes through the
+    oracle; vLLM gets back what the real manager returned. ``calls`` counts calls by name;
+    ``unchecked`` names the calls that went to the real manager without the oracle."""
+
+    # Calls the oracle may not have yet: through it where it has them, else to the manager.
+    OPTIONAL = (
+        "get_load_source",
+        "config_info",
+        "has_pending_work",
+        "on_schedule_end",
+        "on_reset_flushed",
+        "shutdown",
+        "touch",
+    )
+
+    def __init__(
+        self,
+        oracle: LockstepManager,
+        adapter: Any,
+        real: Any,
+        checks: Checks,
+        fault: str | None = None,
+    ):
+        self.oracle = oracle
+        self.adapter = adapter
+        self.real = real
+        self.checks = checks
+        self.fault = fault
+        self.calls: Counter = Counter()
+        self.unchecked: set[str] = set()
+        self._faulted = False
+
+    @property
+    def lock(self):
+        return getattr(self.real, "lock", None) or contextlib.nullcontext()
+
+    def _through(self, name: str, *args, **kwargs) -> Any:
+        """The call through the oracle; what the real manager answered (``None`` where the
+        oracle did not ask it: a call the target lacks)."""
+        self.calls[name] += 1
+        self.adapter.raw = _NOT_ASKED
+        getattr(self.oracle, name)(*args, **kwargs)
+        raw, self.adapter.raw = self.adapter.raw, None
+        return None if raw is _NOT_ASKED else raw
+
+    def lookup(self, key, req_context=None):
+        return self._through("lookup", key, req_context)
+
+    def prepare_load(self, keys, req_context=None):
+        keys = list(keys)
+        out = self._through("prepare_load", keys, req_context)
+        self.checks.loaded(keys)
+        return out
+
+    def complete_load(self, keys, req_context=None):
+        return self._through("complete_load", list(keys), req_context)
+
+    def prepare_store(self, keys, req_context):
+        keys = list(keys)
+        self.checks.offered(keys, req_context)
+        out = self._through("prepare_store", keys, req_context)
+        self.checks.prepared(keys, req_context, out)
+        return out
+
+    def complete_store(self, keys, req_context=None, success: bool = True):
+        keys = list(keys)
+        if self.fault == "drop_complete" and not self._faulted:
+            self._faulted = True
+            return None
+        self._through("complete_store", keys, req_context, success=success)
+        self.checks.completed(keys)
+        if self.fault == "double_complete" and not self._faulted:
+            self._faulted = True
+            self._through("complete_store", keys, req_context, success=success)
+            self.checks.completed(keys)
+        return None
+
+    def on_new_request(self, req_context):
+        name = getattr(self.oracle, "name", None)
+        if callable(name):  # a divergence names the request by its id
+            name(req_context, str(getattr(req_context, "req_id", "?")))
+        return self._through("on_new_request", req_context)
+
+    def on_request_finished(self, req_context):
+        return self._through("on_request_finished", req_context)
+
+    def reset_cache(self):
+        out = self._through("reset_cache")
+        self.checks.reset()
+        return out
+
+    def take_events(self):
+        events = list(self._through("take_events") or ())
+        if self.fault == "drop_removals":
+            events = [e for e in events if not getattr(e, "removed", False)]
+        return iter(events)
+
+    def get_stats(self):
+        self.calls["get_stats"] += 1
+        self.adapter.raw = _NOT_ASKED
+        plain = self.oracle.get_stats() or {}
+        self.checks.stats["skips"] += int(plain.get(STORES_SKIPPED, 0) or 0)
+        raw, self.adapter.raw = self.adapter.raw, None
+        return None if raw is _NOT_ASKED else raw
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.OPTIONAL:
+            raise AttributeError(name)
+        real = getattr(self.real, name)  # AttributeError where the release lacks it
+        checked = getattr(type(self.oracle), name, None)
+
+        def call(*args, **kwargs):
+            if checked is not None:
+                return self._through(name, *args, **kwargs)
+            self.calls[name] += 1
+            self.unchecked.add(name)
+            return real(*args, **kwargs)
+
+        return call
+
+
+class _Unchecked:
+    """In place of the oracle (``lockstep=False``, for the tests of the request-level checks
+    alone): every call goes to the adapter unchecked."""
+
+    def __init__(self, adapter: Any):
+        self.adapter = adapter
+
+    def set_step(self, step: int) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.adapter, name)
+
+
+def spec_config_info(setup: Setup, chunk_bytes: int) -> list[dict[str, Any]]:
+    """What a manager built by the connector's ``CPUOffloadingSpec`` publishes as its
+    configuration (``config_info``): the tier's chunks, blocks per chunk, size in bytes (the
+    spec's aligned chunk size) and the tokens it holds for requests of ``max_model_len``
+    tokens (one full-attention group: the chunks one such request needs, rounded up)."""
+    chunk_tokens = setup.block_size * setup.blocks_per_chunk
+    per_request = -(-setup.max_model_len // chunk_tokens)
+    return [
+        {
+            "cpu_num_chunks": setup.num_chunks,
+            "cpu_blocks_per_chunk": setup.blocks_per_chunk,
+            "cpu_kv_cache_size_bytes": setup.num_chunks * chunk_bytes,
+            "cpu_kv_cache_size_tokens": setup.num_chunks * setup.max_model_len // per_request,
+        }
+    ]
+
+
+def build_oracle(
+    adapter: Any,
+    setup: Setup,
+    target: Any,
+    *,
+    key_name=None,
+    log=None,
+    config_info: list | None = None,
+) -> LockstepManager:
+    """The lockstep oracle over ``adapter``, judging it as ``target`` says (exact for a vLLM
+    release, foreign for ``foreign=vllm...``: spec §9), the model built with the recency the
+    target was found to have (spec §4). ``config_info``: what the manager was told to publish
+    (a manager the connector's spec built), else the model's own answer."""
+    from kvgate.model.cache import Model
+
+    model = Model(
+        setup.num_chunks,
+        setup.policy,
+        setup.store_threshold,
+        setup.max_tracker_size,
+        target.recencies[0],
+        enable_events=setup.kv_events,
+    )
+    if config_info is not None:
+        model.config_info = lambda: [dict(m) for m in config_info]
+    kwargs: dict[str, Any] = {"foreign": target.foreign, "log": log}
+    if key_name is not None:
+        kwargs["key_name"] = key_name
+    return LockstepManager(adapter, model, **kwargs)
+
+
+def manager_factory(target: Any) -> Callable[[Setup, Any], Any] | None:
+    """What stands behind the connector for ``target``: ``None`` for ``vllm`` (the manager the
+    connector's own spec built), else the ``vllm=MODULE:ATTR`` class built with the setup's
+    sizes (``target.factory``: num_chunks, cache_policy, store_threshold, max_tracker_size,
+    enable_events as the connector's spec would pass it)."""
+    if target.spec in ("vllm", "foreign=vllm"):
+        return None
+
+    def build(setup: Setup, built: Any, make=target.factory) -> Any:
+        kwargs = {}
+        if factory_takes(make, "info"):  # what the spec told its own manager to publish
+            kwargs["info"] = PublishedInfo(built.config_info()[0])
+        return make(
+            setup.num_chunks,
+            cache_policy=setup.policy,
+            store_threshold=setup.store_threshold,
+            max_tracker_size=setup.max_tracker_size,
+            enable_events=setup.kv_events,
+            **kwargs,
+        )
+
+    return build
+
+
+@dataclass(frozen=True)
+class PublishedInfo:
+    """The facts a manager publishes about its tier (``config_info``), handed to a
+    ``vllm=MODULE:ATTR`` manager as the connector's spec hands its own manager a
+    ``CPUOffloadingInfo``: the manager asks it only for ``as_config_info()``."""
+
+    facts: Any
+
+    def as_config_info(self) -> dict:
+        return dict(self.facts)
