@@ -20,7 +20,7 @@ from kvgate.impl.traces import load_trace
 from kvgate.replay import ReplaySettings, replay
 
 DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared/data/mooncake/conversation_trace.jsonl"
+    Path(__file__).resolve().parents[1] / "data/mooncake/conversation_trace.jsonl"
 )
 
 

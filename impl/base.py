@@ -32,7 +32,7 @@ def key_group(key: bytes) -> int:
     return int.from_bytes(key[-GROUP_BYTES:], "big")
 
 
-class LookupResult(str, enum.Enum):
+class LookupResult(str, enum.Enum):  # noqa: UP042 - str(member) keeps the "LookupResult.HIT" form reports print
     """A lookup's answer; each member equals its name (``LookupResult.HIT == "HIT"``), the plain
     value the reference model answers with."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -759,3 +760,32 @@ def test_scheduler_history_lists_the_offers_of_the_counterexample(failing):
         for c in calls
         if c["call"] == "prepare_store"
     )
+
+
+def test_list_judges_each_target_kind_as_the_spec_does():
+    """`kvgate list` says of each target kind what docs/spec.md §9 says: the kinds the spec
+    compares exactly are listed as checked exactly, the foreign kind as checked and adopted;
+    impl's own spellings and the catalogue's variants are kvgate's interface."""
+    from kvgate.cli.listing import ADOPTED, EXACTLY, TARGET_KINDS
+
+    spec = (ROOT / "docs" / "spec.md").read_text()
+    section = spec[spec.index('<a id="s9"></a>') : spec.index('<a id="s10"></a>')]
+    kinds = re.findall(r"^\d\. \*\*(.+?)\*\* \((.+?)\)(.*?)(?=^\d\. |\Z)", section, re.M | re.S)
+    judged: dict[str, str] = {}
+    for _, spellings, text in kinds:
+        verdict = ADOPTED if "takes the choice over" in text else EXACTLY
+        assert verdict == ADOPTED or "exactly" in text, spellings
+        for spelling in re.findall(r"`([^`]+)`", spellings):
+            judged[spelling] = verdict
+    assert judged, "spec §9 lists no target kinds"
+    own = {"impl:lru, impl:arc": "impl", "mutant:NAME": "impl"}
+    listed = {spec_: verdict for spec_, _, verdict in TARGET_KINDS}
+    for spelling, verdict in listed.items():
+        assert judged[own.get(spelling, spelling)] == verdict, spelling
+    assert set(judged) <= set(listed), set(judged) - set(listed)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvgate", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    lines = [line[2:] for line in out.splitlines() if line.startswith("  ")]
+    for spelling, _, verdict in TARGET_KINDS:
+        assert any(line.startswith(spelling) and line.endswith(verdict) for line in lines), spelling

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {
@@ -242,3 +241,20 @@ def test_no_file_of_the_tree_is_loaded_under_two_names_here():
     assert names, "no module of the tree is loaded"
     twice = {f: n for f, n in names.items() if len(n) > 1}
     assert not twice, twice
+
+
+def test_the_python_floor_is_one_the_tree_runs_on():
+    """pyproject's requires-python, ruff's target and mypy's version name one floor, and the
+    tree runs on it: under CI (which runs on the floor) the interpreter is that version."""
+    import os
+    import sys
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    floor = re.fullmatch(r">=(\d+)\.(\d+)", config["project"]["requires-python"])
+    assert floor, config["project"]["requires-python"]
+    major, minor = int(floor.group(1)), int(floor.group(2))
+    assert config["tool"]["ruff"]["target-version"] == f"py{major}{minor}"
+    assert config["tool"]["mypy"]["python_version"] == f"{major}.{minor}"
+    assert sys.version_info[:2] >= (major, minor)
+    if os.environ.get("CI"):
+        assert sys.version_info[:2] == (major, minor), "CI must run on the floor it claims"

@@ -9,14 +9,17 @@ from kvgate.properties.profiles import PROFILES
 
 from .runs import MACHINES, choose_profile
 
+# Each target kind and how it is judged (spec §9: exactly, or its open choices checked and
+# adopted); tests/test_cli.py holds this to what docs/spec.md §9 says of each kind.
+EXACTLY, ADOPTED = "checked exactly", "its eviction and chunk-id choices checked and adopted"
 TARGET_KINDS = (
-    ("impl", "kvgate's manager, LRU and ARC (the default)"),
-    ("impl:lru, impl:arc", "kvgate's manager under one policy"),
-    ("mutant:NAME", "a known-bad variant from the catalogue (below)"),
-    ("MODULE:ATTR", "a class or factory with kvgate's interface, checked exactly"),
-    ("foreign=MODULE:ATTR", "the same, its eviction and chunk-id choices checked and adopted"),
-    ("vllm", "the installed vLLM's CPUOffloadingManager, through an adapter (foreign)"),
-    ("vllm=MODULE:ATTR", "a class with vLLM's interface, e.g. a patched manager (foreign)"),
+    ("impl", "kvgate's manager, LRU and ARC (the default)", EXACTLY),
+    ("impl:lru, impl:arc", "kvgate's manager under one policy", EXACTLY),
+    ("mutant:NAME", "a known-bad variant from the catalogue (below)", EXACTLY),
+    ("MODULE:ATTR", "a class or factory with kvgate's interface", EXACTLY),
+    ("foreign=MODULE:ATTR", "the same, for a policy the spec does not describe", ADOPTED),
+    ("vllm", "the installed vLLM release's CPUOffloadingManager, through an adapter", EXACTLY),
+    ("vllm=MODULE:ATTR", "a class with vLLM's interface, e.g. a patched manager", EXACTLY),
 )
 
 
@@ -52,7 +55,7 @@ def cmd_list(args) -> int:
 
     now = choose_profile(None)
     out = ["targets:"]
-    out += [f"  {spec:<22} {what}" for spec, what in TARGET_KINDS]
+    out += [f"  {spec:<22} {what}: {judged}" for spec, what, judged in TARGET_KINDS]
     out.append("mutants (mutant:NAME):")
     for name, mutant in MUTANTS.items():
         doc = mutant.doc.split(". ")[0].rstrip(".")
