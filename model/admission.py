@@ -14,6 +14,11 @@ Choices where the spec is silent:
 - A key that cannot enter the tracker (it is full and every tracked key is in the offer) is not
   tracked (count 0) but still goes into ``counted``; its next offer tries to enter it again.
 - Below threshold 2 the tracker and both records come back untouched (the tracker stays empty).
+
+Where the tracker is fed is the target's choice (spec §3.2): at offers (``count=True``, the
+seed's place) or at lookups. A target that feeds it at lookups counts each looked-up key with
+this same function (one key, once per request and generation); its offers then count nothing
+(``count=False``) and are only filtered and skipped.
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ def admission_step(
     resident: frozenset[bytes],
     threshold: int,
     max_tracker_size: int,
+    count: bool = True,
 ) -> tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]:
     """Record one offer; return (tracker, counted, skipped, admitted, new_skips).
+    ``count=False``: the offer counts nothing (a tracker fed at lookups), tracker and
+    ``counted`` come back as they were.
 
     ``counted``/``skipped``: the keys this request counted/was skipped on in this generation.
     ``resident``: ready or pending keys (never candidates). The last five ``post:``: spec A6;
@@ -42,6 +50,7 @@ def admission_step(
 
     pre: threshold >= 0 and max_tracker_size >= 1 and (threshold >= 2 or not tracker)
     pre: len(tracker) <= max_tracker_size and len(dict(tracker)) == len(tracker)
+    pre: count
     post: set(__return__[3]) <= set(offer) - resident
     post: len(set(__return__[3])) == len(__return__[3])
     post: len(__return__[0]) <= max_tracker_size
@@ -58,6 +67,11 @@ def admission_step(
     if threshold < 2:  # spec A1
         return tracker, counted, skipped, tuple(candidates), 0
     counts = dict(tracker)  # insertion order = recency order, least recent first
+    if not count:  # fed at lookups (spec §3.2): filter and skip only
+        low = frozenset(k for k in candidates if counts.get(k, 0) < threshold)  # spec A5
+        new = low - skipped
+        admitted = tuple(k for k in candidates if k not in low)  # spec A6
+        return tracker, counted, skipped | new, admitted, len(new)
     for k in offer:  # spec A2/A4: the offer's tracked keys are refreshed first, in offer order
         if k in counts:
             n = counts.pop(k)

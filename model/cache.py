@@ -25,6 +25,10 @@ Two recency semantics (spec section 4), chosen at construction:
 Choices where the spec is silent:
 
 - Below threshold 2 the tracker stays empty and stats carry no skip counter.
+- ``feed="lookup"`` (a target that feeds its tracker at lookups, spec §3.2): a lookup that
+  names its request counts the key as an offer of it counts (spec A2, A4: once per request
+  and generation, the key itself protected); offers count nothing, and are filtered and
+  skipped by those counts (spec A5, A6: a skip once per request and generation).
 - Keys must be ``bytes`` in every call, else ``ModelError`` naming the key, before any change.
 - Only offers are deduplicated. ``prepare_load([k, k])`` pins k twice, ``complete_load`` needs a
   ref count >= the occurrences of each key, and a repeat in ``complete_store`` is ignored.
@@ -96,6 +100,7 @@ class Model:
         recency: str = "touch",
         enable_events: bool = True,
         slots: dict | None = None,
+        feed: str = "offer",
     ):
         for name, value, low in (
             ("num_chunks", num_chunks, 0),
@@ -107,10 +112,12 @@ class Model:
         for label, choice, allowed in (
             ("policy", policy, ("lru", "arc")),
             ("recency", recency, ("touch", "request")),
+            ("feed", feed, ("offer", "lookup")),
         ):
             if choice not in allowed:
                 raise ValueError(f"{label} must be one of {allowed}, got {choice!r}")
         self.num_chunks, self.policy, self.recency = num_chunks, policy, recency
+        self.feed = feed  # where the tracker counts: at offers, or at lookups (spec §3.2)
         self.request = recency == "request"
         self.threshold, self.max_tracker_size = store_threshold, max_tracker_size
         self.enable_events = enable_events
@@ -182,8 +189,23 @@ class Model:
         return False
 
     # ---- loads
-    def lookup(self, key: bytes) -> str:
+    def lookup(self, key: bytes, req=None) -> str:
+        """``req``: the request that looks ``key`` up; where the tracker is fed at lookups
+        (spec §3.2) its lookup counts ``key`` as an offer of it counts (spec A2), once per request
+        and generation. The model's own lookups, and a harness's, name no request and count
+        nothing."""
         _check([key])
+        if req is not None and self.feed == "lookup" and self.threshold >= 2:
+            rec = self.record(req)
+            self.tracker, rec.counted, _, _, _ = admission_step(
+                self.tracker,
+                rec.counted,
+                rec.skipped,
+                (key,),
+                frozenset(self.resident),
+                self.threshold,
+                self.max_tracker_size,
+            )
         r = self.resident.get(key)
         return "MISS" if r is None else "HIT_PENDING" if r["ref"] < 0 else "HIT"
 
@@ -329,6 +351,7 @@ class Model:
             frozenset(self.resident),
             self.threshold,
             self.max_tracker_size,
+            count=self.feed == "offer",
         )
         self.skips += skips
         misses = [k for k in admitted if k not in rec.misses]  # shown once per request
