@@ -42,6 +42,7 @@ from kvgate.impl.base import STORES_SKIPPED
 from kvgate.model.cache import NO_POSITIONS, Model, ModelError
 
 from .adapters import EXACT_ONLY, TargetError
+from .known import known_of
 from .offers import Handles, Offers
 from .oracle_text import CallText, divergence_message, fmt_key
 
@@ -117,6 +118,8 @@ class LockstepManager:
         self.model = model
         self.foreign = foreign
         self.missing = frozenset(target.missing)
+        # Declared known defects (properties/known.py): counted where they differ, not compared.
+        self.known = known_of(target)
         self.handles = handles if handles is not None else Handles()
         self.offers = Offers()
         self.text = CallText(self.handles, key_name)
@@ -243,8 +246,19 @@ class LockstepManager:
         if name in self.missing:
             return None
         t, m = self._both(name, args, target_fn, model_fn)
+        if self._known(name, t, m):
+            return t
         self._expect(name, args, t, m, why=f"{name} answers differ")
         return t
+
+    def _known(self, name: str, target: Any, model: Any, differs: bool | None = None) -> bool:
+        """Whether ``name`` is a declared known defect (then a difference is counted there,
+        never raised)."""
+        if self.known is None or name not in self.known:
+            return False
+        if differs if differs is not None else target != model:
+            self.known.saw(name, target, model)
+        return True
 
     # --- the request lifecycle and the interface answers
     def on_new_request(self, ctx: Any) -> Any:
@@ -442,7 +456,8 @@ class LockstepManager:
         stored keys is expected, those too (a store event names its request, expects it)."""
         for event, (_, removed, _, _, req) in zip(got, want):
             expected = event.removal_expected
-            if expected is not None and expected != (not removed):
+            bad = expected is not None and expected != (not removed)
+            if bad and not self._known("event.removal_expected", expected, not removed, bad):
                 raise self.diverge(
                     "take_events()",
                     f"removal_expected={expected} for {self.text.events([event])}",
@@ -451,6 +466,8 @@ class LockstepManager:
                 )
             if expected is not None or event.req is not None:
                 got_req = None if event.req is None else self.handle(event.req)
+                if self._known("event.request", got_req, req if not removed else None):
+                    continue
                 if got_req != (req if not removed else None):
                     name = self.handles.name_of(event.req) if event.req is not None else None
                     raise self.diverge(
@@ -483,6 +500,8 @@ class LockstepManager:
                 {STORES_SKIPPED} - set(t) if self.model.threshold >= 2 else set()
             )
         for name in sorted(lacking):
+            if self._known(name, "(missing)", m.get(name)):
+                continue
             raise self.diverge(
                 "get_stats()",
                 f"no {name}",
@@ -490,12 +509,14 @@ class LockstepManager:
                 f"{name} is missing: a metric is never optional by silence",
             )
         for name, value in m.items():
+            if name in t and self._known(name, t[name], value, not _close(t[name], value)):
+                continue
             if name in t and not _close(t[name], value):
                 raise self.diverge(
                     "get_stats()", f"{name}={t[name]}", f"{name}={value}", f"{name} differs"
                 )
         for name in sorted(set(t) - set(m)):
-            if t[name]:
+            if t[name] and not self._known(name, t[name], "(no such metric)", True):
                 raise self.diverge(
                     "get_stats()",
                     f"{name}={t[name]}",

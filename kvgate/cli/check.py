@@ -8,10 +8,12 @@ import json
 import time
 from collections.abc import Sequence
 
+from kvgate.properties.known import KnownDefectError, KnownDefectGone, check_declarations
 from kvgate.properties.runner import PROFILE_DATABASE
 from kvgate.properties.targets import Target
 
 from .display import Display, use_rich
+from .errors import UsageError
 from .options import add_run_options, check_outputs, database_of
 from .reports import write_history, write_junit, write_repro
 from .runs import (
@@ -48,6 +50,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
         "(by default a target's first counterexample ends its runs: the verdict is known)",
     )
     check.add_argument(
+        "--known-defect",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a defect of the target known already, by what it breaks (a metric such as "
+        "vllm:kv_offload_stores_skipped, event.removal_expected, event.request, or an interface "
+        "answer such as config_info), repeatable: not compared, listed as still present, and "
+        "the run fails when it no longer occurs (the admission rule cannot be declared)",
+    )
+    check.add_argument(
         "--repro", metavar="FILE", help="write the shrunk counterexample as a pytest file"
     )
     check.add_argument(
@@ -75,6 +87,7 @@ def describe_database(args, profile: str) -> str:
 def cmd_check(args) -> int:
     profile = choose_profile(args.profile)
     specs = list(dict.fromkeys(args.target or ["impl"]))
+    known = known_defects(args.known_defect)
     check_outputs(args)
     database = database_of(args)
     targets = resolve_targets(specs)
@@ -92,6 +105,7 @@ def cmd_check(args) -> int:
             + (f"; seed {args.seed}" if args.seed is not None else "")
             + f"; {describe_database(args, profile)}"
             + f"; machines: {', '.join(plan.kinds)}; targets: {', '.join(specs)}"
+            + (f"; known defects: {', '.join(known)}" if known else "")
         )
         for line in plan.left_out_lines(specs):
             display.line(line)
@@ -114,6 +128,7 @@ def cmd_check(args) -> int:
                 database,
                 args.explain,
                 tick,
+                known=known,
             )
             if tick is not None:
                 tick.done()
@@ -152,6 +167,15 @@ def cmd_check(args) -> int:
     return code
 
 
+def known_defects(names: Sequence[str]) -> tuple[str, ...]:
+    """``--known-defect``'s names, checked: a ``UsageError`` (one line) for the admission rule
+    or anything else that cannot be left out of a run."""
+    try:
+        return check_declarations(names)
+    except KnownDefectError as exc:
+        raise UsageError(f"--known-defect: {exc}") from None
+
+
 def exit_code(runs: Sequence[Run]) -> int:
     if any(r.status == "ERROR" for r in runs):
         return 2
@@ -180,6 +204,10 @@ def print_run(display: Display, run: Run) -> None:
         display.line(f"FAIL  {run.name}: counterexample in {r.shrunk_steps} steps ({figures})")
     else:
         display.line(f"ERROR {run.name}: {run.target_error}")
+    if run.known is not None and r is not None:
+        passed = r.passed or isinstance(r.error, KnownDefectGone)
+        for line in run.known.lines(passed):
+            display.line(f"      {line}")
 
 
 def _differing(history: list[dict]) -> dict | None:

@@ -123,8 +123,8 @@ def write_repro(path: str, runs: Sequence[Run], steps: int) -> int:
 
     failures = []
     for run in runs:
-        if run.status != "FAIL":
-            continue
+        if run.status != "FAIL" or not run.result.program:
+            continue  # passed, or failed with no steps to replay (a known defect gone)
         r = run.result
         notes = [
             n for note in (getattr(r.error, "__notes__", None) or []) for n in note.splitlines()

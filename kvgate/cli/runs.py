@@ -19,6 +19,7 @@ from hypothesis import Phase
 from hypothesis import settings as Settings
 
 from kvgate.properties.adapters import Target, TargetError
+from kvgate.properties.known import KnownDefects, gone_error, with_known
 from kvgate.properties.profiles import PHASES, PROFILES, default_profile
 from kvgate.properties.runner import PROFILE_DATABASE, RunResult, run_machine
 from kvgate.properties.targets import resolve_target
@@ -258,6 +259,7 @@ class Run:
     foreign: bool = False
     result: RunResult | None = None
     target_error: str = ""
+    known: KnownDefects | None = None  # the declared known defects and what the run saw
 
     @property
     def name(self) -> str:
@@ -329,10 +331,15 @@ def run_one(
     database=PROFILE_DATABASE,
     explain: bool = False,
     on_example: Callable[[], None] | None = None,
+    known: Sequence[str] = (),
 ) -> Run:
     """Run one machine against one target. ``database``: an example database, ``None`` for
-    none, by default the profile's."""
+    none, by default the profile's. ``known``: declared known defects (checked names,
+    ``properties.known``): not compared, and a passing run that never saw one fails."""
     run = Run(kind, target.spec, target.foreign)
+    if known:
+        run.known = KnownDefects(tuple(known))
+        target = with_known(target, run.known)
     machine = _watched(build_machine(kind, target), on_example)
     overrides: dict[str, Any] = {
         "print_blob": True,
@@ -344,6 +351,9 @@ def run_one(
         machine, profile, seed=seed, max_examples=max_examples, database=database, **overrides
     )
     run.result = result
+    gone = gone_error(run.known) if run.known is not None and result.passed else None
+    if gone is not None:  # strict: the declaration outlived the fix
+        result.passed, result.error = False, gone
     error = result.error
     if isinstance(error, TargetError):
         run.target_error = one_line(str(error))
