@@ -22,9 +22,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sysconfig
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
+
+import hypothesis
 
 from kvgate.impl.base import LookupResult, ReqContext
 
@@ -38,11 +44,14 @@ REQUIRED_CALLS = (
     "complete_load",
     "prepare_store",
     "complete_store",
-    "reset_cache",
     "take_events",
-    "get_stats",
 )
+# Optional, each found by capability (spec §10): vLLM 0.21.0 has no reset_cache, 0.21.0 to
+# 0.23.0 no get_stats; a machine never draws a step that needs a call the target lacks, and the
+# report names what that leaves unchecked (``UNCHECKED_WITHOUT``).
 OPTIONAL_CALLS = (
+    "reset_cache",
+    "get_stats",
     "touch",
     "on_new_request",
     "on_request_finished",
@@ -64,8 +73,82 @@ EXACT_ONLY = (
 KVGATE_INTERFACE_ONLY = ("bad input leaves state unchanged", "repeated keys in one offer")
 
 
+# What a machine leaves unchecked when a target lacks an optional call (for the report).
+UNCHECKED_WITHOUT = {
+    "reset_cache": "resets (spec A7, §4.4)",
+    "get_stats": "every metric (spec §5.2, §5.3)",
+    "touch": "touch-based recency hints",
+    "on_new_request": "the offloading policy a request is given",
+    "on_request_finished": "request-scoped recency commits",
+    "get_load_source": "the load source of a hit",
+    "config_info": "config_info",
+    "has_pending_work": "has_pending_work",
+}
+
+
 class TargetError(Exception):
-    """A target that cannot be resolved or imported, or lacks the interface (the CLI exits 2)."""
+    """A target that cannot be resolved or imported, or lacks the interface, or kvgate's own
+    code failing on it (the CLI exits 2 with one line: never a verdict)."""
+
+
+class BadAnswer(Exception):
+    """An adapter's finding that the target answered a call with something its interface does
+    not allow (``None`` where a ``LookupResult`` is due): a divergence of the target's."""
+
+
+# Where kvgate's own code lives: an exception whose innermost frame outside the standard library
+# is here was raised by kvgate, not by the target (spec §9: never a verdict). The catalogue of
+# known-bad managers is target code that kvgate ships.
+_HERE = Path(__file__).resolve().parent
+_HARNESS = tuple(
+    str(p) + os.sep
+    for p in (
+        _HERE,
+        _HERE.parent / "model",
+        _HERE.parent / "kvgate",
+        Path(hypothesis.__file__).parent,
+    )
+)
+_TARGETS_SHIPPED = (str(_HERE / "catalogue") + os.sep,)
+_STDLIB = tuple(
+    str(Path(sysconfig.get_paths()[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib")
+)
+
+
+def raised_at(exc: BaseException) -> tuple[str, bool]:
+    """``("file:line in function", in_harness)`` for the innermost frame of ``exc``'s traceback
+    outside the standard library; ``in_harness``: that frame is kvgate's own code."""
+    frames = [
+        (f.f_code.co_filename, line, f.f_code.co_name)
+        for f, line in traceback.walk_tb(exc.__traceback__)
+    ]
+    for filename, line, func in reversed(frames):
+        path = str(Path(filename).resolve())
+        if path.startswith(_STDLIB) and "site-packages" not in path:
+            continue
+        harness = path.startswith(_HARNESS) and not path.startswith(_TARGETS_SHIPPED)
+        return f"{_short(path)}:{line} in {func}", harness
+    return "(no Python frame)", False
+
+
+def _short(path: str) -> str:
+    """A path as a reader finds it: inside site-packages from there, in this tree relative."""
+    if "site-packages" + os.sep in path:
+        return path.split("site-packages" + os.sep, 1)[1]
+    root = str(_HERE.parent) + os.sep
+    return path[len(root) :] if path.startswith(root) else path
+
+
+def harness_error(exc: BaseException, where: str, during: str, release: str = "") -> TargetError:
+    """The one line for an exception raised in kvgate's own code: which release, which call,
+    what kvgate raised where, and that nothing past it was checked."""
+    text = str(exc).strip().splitlines()
+    head = f"{release}: " if release else ""
+    return TargetError(
+        f"{head}kvgate's own code raised {type(exc).__name__}"
+        f"{': ' + text[0] if text else ''} at {where}, during {during}; kvgate checked nothing "
+        "past that step (a kvgate bug: no verdict on the target)"
+    )
 
 
 class Event(NamedTuple):
@@ -237,6 +320,13 @@ class Target:
     # kvgate's interface (spec section 8 applies: bad input is refused and changes nothing, a
     # repeated key in one offer is one offer of it); vLLM's managers use assertions instead
     kvgate_interface: bool = True
+    # Where its tracker counts (spec §3.2): "offer" (the seed's place) or "lookup"; learnt from
+    # the target by the adapter, never from a version.
+    feed: str = "offer"
+    # Whether its request contexts hold key positions (spec §1); without them every request is
+    # one whose keys have none, and request-scoped recency orders by first sight (spec R3).
+    positions: bool = True
+    release: str = ""  # which release it is, for the one line of a harness error
 
     @property
     def takes_policy_path(self) -> bool:
@@ -251,7 +341,16 @@ class Target:
         elif not self.kvgate_interface:
             parts.append(f"{', '.join(KVGATE_INTERFACE_ONLY)} (not part of its interface)")
         if self.missing:
-            parts.append(f"no {', '.join(sorted(self.missing))} steps (the target lacks them)")
+            what = [UNCHECKED_WITHOUT.get(n, n) for n in sorted(self.missing)]
+            parts.append(
+                f"no {', '.join(sorted(self.missing))} steps (the target lacks them), so not "
+                f"{', '.join(what)}"
+            )
+        if not self.positions:
+            parts.append(
+                "key positions (its request contexts cannot hold them): every request's keys "
+                "have none"
+            )
         return parts
 
     def make(self, config: Config):
@@ -267,7 +366,9 @@ class Target:
             kwargs["recency"] = config.recency
         if self.takes_policy_path:
             kwargs["policy_by_path"] = config.policy_by_path
-        return self.adapter(self.factory(config.num_chunks, **kwargs))
+        adapter = self.adapter(self.factory(config.num_chunks, **kwargs))
+        adapter.release = self.release or self.spec  # named in a harness error's line
+        return adapter
 
 
 def factory_takes(factory: Factory, name: str) -> bool:

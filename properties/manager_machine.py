@@ -286,6 +286,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         skip = (
             set(KVGATE_INTERFACE_ONLY) if target.foreign or not target.kvgate_interface else set()
         )
+        if "reset_cache" in target.missing:  # never drawn (spec §10: 0.21.0 has none)
+            skip.update(("offer across a reset", "stats read across a reset with unreported stats"))
+        if "get_stats" in target.missing:
+            skip.add("stats read across a reset with unreported stats")
         if "touch" in target.missing:  # T2 fills only by reuse at finish: rarely pinned then
             skip.update(
                 (
@@ -311,6 +315,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.foreign = self.TARGET.foreign
         self.exact_interface = self.TARGET.kvgate_interface and not self.foreign
         self.can_touch = "touch" not in self.TARGET.missing
+        self.can_reset = "reset_cache" not in self.TARGET.missing  # vLLM 0.21.0 has none
         self.record("configure", **config.__dict__, instances=instances)
         self.handles = Handles()
         slots: dict = {}  # one record per request, whichever manager took it (Model.slots)
@@ -323,6 +328,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
                 config.recency,
                 config.enable_events,
                 slots,
+                feed=self.TARGET.feed,  # where the target's tracker counts (spec §3.2)
             )
             adapter = build(self.TARGET, config, model)
             self.oracles.append(
@@ -710,7 +716,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             self.oracle.get_load_source(key, req.ctx)
         self.record("lookup", hit=hit)
 
-    @precondition(lambda self: self.model.resident)
+    @precondition(lambda self: self.can_reset and self.model.resident)
     @rule()
     def reset(self):
         self._begin()

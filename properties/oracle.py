@@ -41,7 +41,7 @@ from typing import Any
 from kvgate.impl.base import STORES_SKIPPED
 from kvgate.model.cache import NO_POSITIONS, Model, ModelError
 
-from .adapters import EXACT_ONLY, TargetError
+from .adapters import EXACT_ONLY, BadAnswer, TargetError, harness_error, raised_at
 from .known import known_of
 from .offers import Handles, Offers
 from .oracle_text import CallText, divergence_message, fmt_key
@@ -227,13 +227,29 @@ class LockstepManager:
             t = target_fn()
         except Exception as e:
             if m_err is None:
-                raise self.diverge(
-                    self.text.call(name, args), f"raised {type(e).__name__}: {e}", repr(m)
-                ) from e
+                raise self.raised(self.text.call(name, args), e, repr(m)) from e
             raise
         if m_err is not None:
             raise self.diverge(self.text.call(name, args), repr(t), f"raised ModelError: {m_err}")
         return t, m
+
+    def raised(self, what: str, exc: Exception, model: Any = "(not asked)") -> Exception:
+        """What an exception out of a target call is (spec §9): raised in the target, a
+        divergence naming the call, the exception and where in the target it was raised; an
+        answer the interface does not allow (``BadAnswer``), a divergence too; raised in
+        kvgate's own code (the adapter, the oracle), a ``TargetError`` (exit 2, one line),
+        never a verdict."""
+        if isinstance(exc, TargetError):
+            return exc
+        if isinstance(exc, BadAnswer):
+            return self.diverge(what, str(exc), model, "an answer the interface does not allow")
+        where, harness = raised_at(exc)
+        if harness:
+            during = f"{what} (step {self.step}, call {self.calls})"
+            return harness_error(exc, where, during, getattr(self.target, "release", ""))
+        return self.diverge(
+            what, f"raised {type(exc).__name__}: {exc} (at {where})", model, "the target raised"
+        )
 
     def _expect(self, name: str, args: tuple, t: Any, m: Any, shown=None, why: str = "") -> None:
         if t != m:
@@ -267,8 +283,15 @@ class LockstepManager:
             "on_new_request",
             (ctx,),
             lambda: self.target.on_new_request(ctx),
-            lambda: self.model.on_new_request(req),
+            lambda: self._offload_policy(self.model.on_new_request(req)),
         )
+
+    def _offload_policy(self, model_answer: Any) -> Any:
+        """The policy a request must be given: the one the adapter learnt from the release
+        (its documented choice, spec §10: 0.24.0-0.29.0 answer block-level), else the
+        model's."""
+        learned = getattr(self.target, "offload_policy", None)
+        return model_answer if learned is None else learned
 
     def on_request_finished(self, ctx: Any) -> None:
         if "on_request_finished" in self.missing:
@@ -300,11 +323,21 @@ class LockstepManager:
 
     # --- loads
     def lookup(self, key: bytes, ctx: Any = None) -> Any:
+        """A lookup; on a target whose tracker is fed at lookups (spec §3.2) it counts, once
+        per request and generation, in the model too, and the tracker is checked after it."""
         args = (key,)
+        req = None if ctx is None else self.handle(ctx)
+        before = {k for k, _ in self.model.tracker}
         t, m = self._both(
-            "lookup", args, lambda: self.target.lookup(key, ctx), lambda: self.model.lookup(key)
+            "lookup",
+            args,
+            lambda: self.target.lookup(key, ctx),
+            lambda: self.model.lookup(key, req),
         )
         self._expect("lookup", args, t, m)
+        if req is not None and self.model.feed == "lookup" and self.model.threshold >= 2:
+            self.offers.offered([key], req, before)
+            self._tracker_dirty = True
         return t
 
     def touch(self, keys: Iterable[bytes], ctx: Any = None) -> None:
@@ -352,7 +385,7 @@ class LockstepManager:
         try:
             t = self.target.prepare_store(keys, ctx)
         except Exception as e:
-            raise self.diverge(what, f"raised {type(e).__name__}: {e}", "(not asked)") from e
+            raise self.raised(what, e) from e
         choose = self._adopt(what, t) if self.foreign and t is not None else None
         m = self.model.prepare_store(keys, req, self._position(ctx), choose)
         exact = not self.foreign
@@ -365,7 +398,8 @@ class LockstepManager:
             raise self.diverge(
                 what, self.text.store(t), self.text.store(m), "chunk ids or evictions differ"
             )
-        self.offers.offered(dict.fromkeys(keys), req, before)
+        if self.model.feed == "offer":
+            self.offers.offered(dict.fromkeys(keys), req, before)
         self._tracker_dirty = self.model.threshold >= 2
         self._dirty.update(keys)
         if t is not None:
@@ -428,6 +462,10 @@ class LockstepManager:
 
     def take_events(self) -> list[Any]:
         t, dated = self._both("take_events", (), self.target.take_events, self.model.take_events)
+        if not getattr(self.target, "metadata_events", True):
+            # An event type without metadata_only (vLLM before 0.33.0) announces no failed
+            # store: those keys were never announced as stored, so the replay is the same.
+            dated = [e for e in dated if not e[2]]
         if t or dated:
             self._record("take_events", (), self.text.events(t), self.text.events(dated))
         self._expect(
@@ -477,7 +515,11 @@ class LockstepManager:
                         "event details differ",
                     )
 
-    def get_stats(self) -> dict[str, Any]:
+    def get_stats(self) -> dict[str, Any] | None:
+        """The metrics, compared (spec §5.2, §5.3); ``None``, and no call on either side, where
+        the target has no ``get_stats`` (vLLM before 0.24.0: the report says so)."""
+        if "get_stats" in self.missing:
+            return None
         t, m = self._both("get_stats", (), self.target.get_stats, self.model.get_stats)
         if t is None:
             raise self.diverge(
@@ -532,7 +574,11 @@ class LockstepManager:
         above its offerers); for exact targets the policy's order (if it may have moved) and
         the pool."""
         for k in self._dirty:
-            t, m = self.target.lookup(k, None), self.model.lookup(k)
+            try:
+                t = self.target.lookup(k, None)
+            except Exception as e:
+                raise self.raised(f"lookup({self.key_name(k)!r})", e) from e
+            m = self.model.lookup(k)
             if t != m:
                 raise self.diverge(f"lookup({self.key_name(k)!r})", t, m)
             if self.inspect:
@@ -584,8 +630,9 @@ class LockstepManager:
                     f"tracker count of {self.key_name(k)!r}",
                     n,
                     f"at most {offerers}",
-                    "a count exceeds the distinct "
-                    "requests that offered the key since it entered the tracker",
+                    "a count exceeds the distinct requests that "
+                    + ("looked the key up" if self.model.feed == "lookup" else "offered the key")
+                    + " since it entered the tracker",
                 )
         if got != want:
             raise self.diverge(

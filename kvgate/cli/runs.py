@@ -18,7 +18,7 @@ from typing import Any
 from hypothesis import Phase
 from hypothesis import settings as Settings
 
-from kvgate.properties.adapters import Target, TargetError
+from kvgate.properties.adapters import Target, TargetError, harness_error, raised_at
 from kvgate.properties.known import KnownDefects, gone_error, with_known
 from kvgate.properties.profiles import PHASES, PROFILES, default_profile
 from kvgate.properties.runner import PROFILE_DATABASE, RunResult, run_machine
@@ -359,4 +359,13 @@ def run_one(
         run.target_error = one_line(str(error))
     elif error is not None and isinstance(getattr(error, "__cause__", None), TargetError):
         run.target_error = one_line(str(error.__cause__))
+    elif error is not None and not isinstance(error, AssertionError):
+        # Not a property's failure: where it was raised decides (spec §9). In kvgate's own code
+        # (a machine, the oracle, an adapter, Hypothesis) it is no verdict: exit 2, one line.
+        where, harness = raised_at(error)
+        if harness:
+            kind_text = f"the {kind} machine"
+            run.target_error = one_line(
+                str(harness_error(error, where, kind_text, target.release or target.spec))
+            )
     return run

@@ -50,7 +50,16 @@ from kvgate.impl.base import (
     key_group,
 )
 
-from ..adapters import POLICIES, Adapter, Event, Target, TargetError, check_interface, import_attr
+from ..adapters import (
+    POLICIES,
+    Adapter,
+    BadAnswer,
+    Event,
+    Target,
+    TargetError,
+    check_interface,
+    import_attr,
+)
 
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
@@ -77,7 +86,19 @@ INTERNALS = {
     "free_list": "_free_list",  # freed chunk ids
     "allocated": "_num_allocated_chunks",  # ids handed out so far (never-used ones are above)
     "size": "_num_chunks",
+    # a manager wrapped by a threshold filter (vLLM 0.21.0's FilterReusedOffloadingManager):
+    # the policy and the pool are the wrapped manager's
+    "backing": "_backing",
 }
+# The same internals under the names releases before 0.30.0 gave them ("block" for "chunk").
+OLDER_NAMES = {
+    "_num_allocated_chunks": "_num_allocated_blocks",
+    "_num_chunks": "_num_blocks",
+    "chunk_id": "block_id",
+}
+# Where a release keeps the threshold outside the manager: a wrapper class, found by capability
+# next to the types module, and built the way the release's own spec builds it (T >= 2 only).
+THRESHOLD_WRAPPER = ("vllm.v1.kv_offload.reuse_manager", "FilterReusedOffloadingManager")
 REQUEST_HOOKS = ("on_request_access", "on_request_finished")
 
 
@@ -138,17 +159,38 @@ class VllmAdapter(Adapter):
 
     INTERFACE = "vLLM's manager interface"
 
-    def __init__(self, manager, types: VllmTypes | None = None):
+    def __init__(
+        self,
+        manager,
+        types: VllmTypes | None = None,
+        feed: str = "offer",
+        offload_policy: Any = None,
+        lookup_bool: bool = False,
+        metadata_events: bool = True,
+    ):
         super().__init__(manager)
         self.types = types or vllm_types()
         self._theirs: dict[bytes, Any] = {}  # our key -> vLLM's key
         self._ours: dict[Any, bytes] = {}  # vLLM's key -> our key
         self._ctx_kwargs = self._context_kwargs(self.types.ReqContext)
+        # where the tracker counts (spec §3.2): with "lookup", a lookup kvgate makes for itself
+        # (no context) must not reach the manager, whose every lookup counts
+        self.feed = feed
+        # the offloading policy this release answers on_new_request with (its documented
+        # choice, learnt from a fresh manager; the oracle holds every answer to it)
+        self.offload_policy = offload_policy
+        # lookup answers a bool or None (releases before 0.25.0), read from its signature
+        self.lookup_bool = lookup_bool
+        # whether its event type can say "metadata only" (a failed store's removal)
+        self.metadata_events = metadata_events
+        # the manager that holds the policy and the pool (a threshold wrapper's backing one)
+        self.inner = getattr(manager, INTERNALS["backing"], None) or manager
 
     @classmethod
-    def with_types(cls, types: VllmTypes) -> Callable[[Any], VllmAdapter]:
-        """An adapter constructor bound to ``types`` (what ``Target.adapter`` is called with)."""
-        return partial(cls, types=types)
+    def with_types(cls, types: VllmTypes, **learned: Any) -> Callable[[Any], VllmAdapter]:
+        """An adapter constructor bound to ``types`` and what was learnt of the release (what
+        ``Target.adapter`` is called with)."""
+        return partial(cls, types=types, **learned)
 
     # --- contexts and keys ---
 
@@ -158,16 +200,36 @@ class VllmAdapter(Adapter):
             params = inspect.signature(ctx_cls).parameters
         except (TypeError, ValueError):
             return {}
-        return {"kv_transfer_params": None} if "kv_transfer_params" in params else {}
+        kwargs: dict[str, Any] = {}
+        if "kv_transfer_params" in params:
+            kwargs["kv_transfer_params"] = None
+        if "req_id" in params:
+            kwargs["req_id"] = None  # filled in by new_context
+        return kwargs
 
     def new_context(self, req_id: str):
-        try:
-            return self.types.ReqContext(req_id=req_id, **self._ctx_kwargs)
-        except TypeError:
-            return self.types.ReqContext(req_id)
+        """A request context; its ``req_id`` where the release's context has one (0.21.0's has
+        none)."""
+        kwargs = dict(self._ctx_kwargs)
+        if "req_id" in kwargs:
+            kwargs["req_id"] = req_id
+        if kwargs or not self._ctx_kwargs:
+            try:
+                return self.types.ReqContext(**kwargs)
+            except TypeError:
+                pass
+        return self.types.ReqContext(req_id)
+
+    @staticmethod
+    def holds_positions(ctx_type: Any) -> bool:
+        """Whether the release's request context can hold key positions (0.30.0's cannot)."""
+        return callable(getattr(ctx_type, "set_offload_key_position", None))
 
     def set_position(self, ctx, key: bytes, position: int) -> None:
-        ctx.set_offload_key_position(self._key(key), position)
+        """Where the context cannot hold positions (spec §1) none is set: the request is one
+        whose keys have none, on both sides (``position`` answers ``None``)."""
+        if self.holds_positions(ctx):
+            ctx.set_offload_key_position(self._key(key), position)
 
     def position(self, ctx, key: bytes) -> int | None:
         get = getattr(ctx, "get_offload_key_position", None)
@@ -208,8 +270,28 @@ class VllmAdapter(Adapter):
         self._call("on_request_finished", ctx)
 
     def lookup(self, key: bytes, ctx=None) -> LookupResult:
+        """The answer as a ``LookupResult``. Releases before 0.25.0 answer a bool or ``None``
+        (``True`` ready, ``False`` absent, ``None`` "write in flight, retry"), later ones an
+        enum; either is read by what it is, and anything else is a ``BadAnswer``. Without a
+        context (kvgate reading residency) on a target that counts every lookup, the policy is
+        read instead, so that kvgate's own look adds no count (spec §3.2)."""
+        if ctx is None and self.feed == "lookup":
+            return self.peek(key)
         result = self._call("lookup", self._key(key), ctx)
-        return LookupResult(str(getattr(result, "name", result)).upper())
+        if self.lookup_bool and (result is True or result is False or result is None):
+            return LookupResult("HIT" if result else "MISS" if result is False else "HIT_PENDING")
+        name = str(getattr(result, "name", result)).upper()
+        try:
+            return LookupResult(name)
+        except ValueError:
+            raise BadAnswer(f"answered {result!r}, which is not a lookup result") from None
+
+    def peek(self, key: bytes) -> LookupResult:
+        """Residency read off the policy (no call the manager counts)."""
+        chunk = self._policy.get(self._key(key))
+        if chunk is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
 
     def get_load_source(self, key: bytes, ctx=None) -> str:
         return str(_plain(self._call("get_load_source", self._key(key), ctx)))
@@ -289,11 +371,15 @@ class VllmAdapter(Adapter):
     # --- what the oracle inspects (INTERNALS) ---
 
     def _internal(self, owner: Any, name: str) -> Any:
-        return getattr(owner, INTERNALS[name], None)
+        attr = INTERNALS[name]
+        value = getattr(owner, attr, None)
+        if value is None and attr in OLDER_NAMES:
+            value = getattr(owner, OLDER_NAMES[attr], None)
+        return value
 
     @property
     def _policy(self) -> Any:
-        return self._internal(self.manager, "policy")
+        return self._internal(self.inner, "policy")
 
     def uninspectable(self) -> list[str]:
         """What this manager does not let the adapter inspect (named in the report)."""
@@ -303,7 +389,7 @@ class VllmAdapter(Adapter):
         lacking = [
             INTERNALS[n]
             for n in ("free_list", "allocated", "size")
-            if self._internal(self.manager, n) is None
+            if self._internal(self.inner, n) is None
         ]
         if (
             self._internal(policy, "lru_ranks") is None
@@ -322,13 +408,18 @@ class VllmAdapter(Adapter):
 
     def resident(self, key: bytes) -> tuple[int, int] | None:
         chunk = self._policy.get(self._key(key))
-        return None if chunk is None else (int(chunk.chunk_id), int(chunk.ref_cnt))
+        if chunk is None:
+            return None
+        chunk_id = getattr(chunk, "chunk_id", None)
+        if chunk_id is None:
+            chunk_id = getattr(chunk, OLDER_NAMES["chunk_id"])
+        return int(chunk_id), int(chunk.ref_cnt)
 
     def inspectable(self) -> bool:
         return not self.uninspectable()
 
     def free_chunks(self) -> int | None:
-        parts = [self._internal(self.manager, n) for n in ("free_list", "allocated", "size")]
+        parts = [self._internal(self.inner, n) for n in ("free_list", "allocated", "size")]
         if None in parts:
             return None
         free_list, allocated, size = parts
@@ -402,7 +493,9 @@ def _raw_histogram(stats: Any, name: str) -> list[int] | None:
     return []
 
 
-def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
+def vllm_factory(
+    cls: Callable[..., Any], spec: str, wrapper: Callable[..., Any] | None = None
+) -> Callable[..., Any]:
     """A factory ``(num_chunks, cache_policy, store_threshold, max_tracker_size,
     enable_events)`` for a class with vLLM's constructor, whichever name its size argument
     has; ``TargetError`` when it takes none of the admission rule's arguments.
@@ -411,7 +504,11 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     ``policy_by_path`` the policy is named the out-of-tree way, by its class name and
     ``cache_policy_module_path`` (the class a manager built with the registered name holds,
     found once per name); ``info`` is handed on as the facts the manager publishes
-    (``config_info``), as the connector's spec hands its own."""
+    (``config_info``), as the connector's spec hands its own.
+
+    ``wrapper``: where the class takes no ``store_threshold`` but the release keeps the
+    threshold in a wrapper (vLLM 0.21.0's ``FilterReusedOffloadingManager``), a manager built
+    with T >= 2 is wrapped as the release's own offloading spec wraps it."""
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):
@@ -420,10 +517,13 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
     size = next((n for n in ("num_chunks", "num_blocks") if n in params), None)
     if size is None and takes_any:
         size = "num_chunks"
+    takes_threshold = not params or takes_any or "store_threshold" in params
     for name, why in (
         ("store_threshold", "it predates the admission rule"),
         ("enable_events", "its events cannot be switched on and checked"),
     ):
+        if name == "store_threshold" and wrapper is not None:
+            continue
         if params and name not in params and not takes_any:
             raise TargetError(f"target {spec!r} takes no {name}: {why}")
     by_path: dict[str, dict[str, str]] = {}
@@ -438,12 +538,16 @@ def vllm_factory(cls: Callable[..., Any], spec: str) -> Callable[..., Any]:
         policy_by_path: bool = False,
         info: Any = None,
     ):
-        kwargs: dict[str, Any] = dict(
-            cache_policy=cache_policy,
-            enable_events=enable_events,
-            store_threshold=store_threshold,
-            max_tracker_size=max_tracker_size,
-        )
+        kwargs: dict[str, Any] = dict(cache_policy=cache_policy, enable_events=enable_events)
+        if takes_threshold:
+            kwargs.update(store_threshold=store_threshold, max_tracker_size=max_tracker_size)
+        elif store_threshold >= 2 and wrapper is not None:
+            manager = factory(num_chunks, cache_policy, 1, max_tracker_size, enable_events)
+            return wrapper(
+                backing=manager,
+                store_threshold=store_threshold,
+                max_tracker_size=max_tracker_size,
+            )
         if info is not None:
             kwargs["info"] = info
         if policy_by_path:
@@ -480,14 +584,38 @@ def _build(cls: Callable[..., Any], size: str | None, num_chunks: int, kwargs: d
 
 
 def describe(
-    spec: str, cls: Any, missing: frozenset[str], recency: str | None, uninspectable: list[str]
+    spec: str,
+    cls: Any,
+    missing: frozenset[str],
+    recency: str | None,
+    uninspectable: list[str],
+    learned: dict[str, Any] | None = None,
 ) -> str:
-    """One line for the report: which manager, which vLLM, how it is checked."""
+    """One line for the report: which manager, which vLLM, how it is checked, and what was
+    learnt of the release (where its tracker counts, its lookup's answers, its policy answer,
+    whether its contexts hold positions, a threshold wrapper)."""
     version = installed_vllm_version()
     name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
     parts = [f"{spec}: {name}", f"vLLM {version}" if version else "vLLM not installed"]
+    learned = learned or {}
+    if learned.get("wrapper"):
+        parts.append(f"threshold in {learned['wrapper']}")
+    if learned.get("feed"):
+        parts.append(f"tracker fed at {learned['feed']}s")
+    if learned.get("lookup_bool"):
+        parts.append("lookup answers a bool or None")
+    if learned.get("metadata_events") is False:
+        parts.append("no metadata-only events")
+    if learned.get("offload_policy") is not None:
+        parts.append(f"on_new_request answers {learned['offload_policy']}")
+    if learned.get("positions") is False:
+        parts.append("contexts hold no key positions")
     if recency:
         parts.append(f"{recency}-scoped recency" if recency == "request" else "touch-based recency")
+    if learned.get("adopted"):
+        parts.append(
+            "its evictions and chunk ids adopted once legal (a policy spec §4.7 does not describe)"
+        )
     parts.append(
         "lacks " + ", ".join(sorted(missing)) + " (never drawn)"
         if missing
@@ -534,31 +662,116 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
     else:
         raise TargetError(f"target {spec!r} is not 'vllm' or 'vllm=MODULE:ATTR'")
     missing = check_interface(cls, VllmAdapter.INTERFACE) if isinstance(cls, type) else frozenset()
-    factory = vllm_factory(cls, name)
-    adapter = VllmAdapter.with_types(types)
+    wrapper = threshold_wrapper(cls) if spec == "vllm" else None
+    factory = vllm_factory(cls, name, wrapper)
+    learned: dict[str, Any] = dict(
+        lookup_bool=lookup_answers_bool(cls), metadata_events=metadata_events(types)
+    )
+    positions = VllmAdapter.holds_positions(types.ReqContext)
     try:  # capabilities that only a built manager shows
-        probe = adapter(factory(4, cache_policy=POLICIES[0], store_threshold=2, max_tracker_size=4))
+        probe = VllmAdapter(
+            factory(4, cache_policy=POLICIES[0], store_threshold=2, max_tracker_size=4),
+            types=types,
+            **learned,
+        )
     except TargetError:
         raise
     except Exception as exc:  # a constructor that raises: the machines report it (spec s9)
         recency, uninspectable = None, [f"anything (its constructor raised {_one_line(exc)})"]
     else:
-        recency, uninspectable = recency_of(probe.manager), probe.uninspectable()
+        recency, uninspectable = recency_of(probe.inner), probe.uninspectable()
         missing = probe.missing
+        learned.update(learn(probe, factory, types, learned))
         if recency is None and not foreign:
             raise TargetError(
                 f"target {spec!r}: its policy has neither request-scoped hooks "
                 f"({', '.join(REQUEST_HOOKS)}) nor touch, so its recency cannot "
                 f"be modelled; check it as foreign={spec}"
             )
+    # A vLLM policy without the request-scoped hooks (releases before 0.33.0) learns recency
+    # its own way, which the spec does not describe for vLLM (§4.7 documents the
+    # request-scoped one): its evictions and chunk ids are its own choices, checked for
+    # legality and adopted (spec §9); the admission rule is still compared exactly.
+    adopted = not foreign and recency == "touch"
+    version = installed_vllm_version()
+    note_learned = dict(learned, positions=positions, adopted=adopted)
+    if wrapper is not None:
+        note_learned["wrapper"] = f"{wrapper.__module__}.{wrapper.__qualname__}"
     return Target(
         name,
         factory,
         POLICIES,
-        foreign=foreign,
-        adapter=adapter,
+        foreign=foreign or adopted,
+        adapter=VllmAdapter.with_types(types, **learned),
         missing=missing,
-        note=describe(name, cls, missing, recency, uninspectable),
+        note=describe(name, cls, missing, recency, uninspectable, note_learned),
         recencies=(recency,) if recency else ("touch",),
         kvgate_interface=False,
+        feed=learned.get("feed", "offer"),
+        positions=positions,
+        release=f"vLLM {version}" if spec == "vllm" and version else name,
     )
+
+
+def threshold_wrapper(cls: Any) -> Callable[..., Any] | None:
+    """The release's threshold wrapper, where its manager takes no ``store_threshold`` and the
+    wrapper exists (found by what is there, never by the version); else None."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    if "store_threshold" in params:
+        return None
+    module_name, attr = THRESHOLD_WRAPPER
+    try:
+        return getattr(importlib.import_module(module_name), attr, None)
+    except Exception:
+        return None
+
+
+def metadata_events(types: VllmTypes) -> bool:
+    """Whether the release's event type has ``metadata_only`` (a failed store's removal is
+    announced); an event type without it (before 0.33.0) announces none, and none is expected."""
+    try:
+        event = getattr(importlib.import_module(types.source), "OffloadingEvent", None)
+    except Exception:
+        event = None
+    fields = getattr(event, "__dataclass_fields__", None)
+    return fields is None or "metadata_only" in fields
+
+
+def lookup_answers_bool(cls: Any) -> bool:
+    """Whether the class's ``lookup`` is declared to answer a bool (or None), as releases
+    before 0.25.0 do, rather than a ``LookupResult``."""
+    try:
+        annotation = inspect.signature(cls.lookup).return_annotation
+    except (AttributeError, TypeError, ValueError):
+        return False
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    text = text or str(annotation)
+    return "bool" in text and "LookupResult" not in text
+
+
+def learn(probe: VllmAdapter, factory: Callable[..., Any], types: VllmTypes, learned: dict):
+    """What only a fresh manager's answers show: where its tracker counts (one lookup with a
+    fresh context, T = 2: a key counted there means fed at lookups, spec §3.2) and which
+    offloading policy ``on_new_request`` answers (the release's documented choice)."""
+    found: dict[str, Any] = {"feed": "offer"}
+    fresh = VllmAdapter(
+        factory(4, cache_policy=POLICIES[0], store_threshold=2, max_tracker_size=4),
+        types=types,
+        **learned,
+    )
+    key = b"kvgate-probe" + bytes(4)
+    try:
+        fresh.lookup(key, fresh.new_context("kvgate-probe"))
+        if fresh.tracker_items():
+            found["feed"] = "lookup"
+    except Exception:  # the machines meet and report whatever it raises
+        pass
+    if "on_new_request" not in probe.missing:
+        try:
+            found["offload_policy"] = probe.on_new_request(probe.new_context("kvgate-probe"))
+        except Exception:
+            pass
+    return found
