@@ -14,7 +14,9 @@ The verdicts (issue 24):
 Each request-level check breaks on a known-bad variant: cold admissions on 0.33.0's own manager
 with the oracle switched off (the seed's preemption scenario, scripted), the store-job
 accounting on a connector that completes a job twice or drops a completion, the events check
-on one that loses its removal events.
+on one that loses its removal events; the bytes checks (issue 30) on a worker that runs a
+flushed store only when it is delivered (it copies a GPU block already handed to another
+request) and on one whose loads read the wrong chunk.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ FAULTS = {
     "drop_complete": "store jobs: no complete_store for",
     "drop_removals": "published CPU events differ from the manager's ready keys: "
     "announced but not ready",
+    # the bytes worker (properties/vllm_harness/bytes_worker.py)
+    "ignore_flush": "was reused before the copy ran",
+    "load_wrong_chunk": "but it holds",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost

@@ -25,6 +25,7 @@ class Checks:
         self.offerers: dict[bytes, set[tuple[int, int]]] = {}
         self.handles: dict[int, tuple[Any, int]] = {}
         self.specs: dict[int, tuple[Any, tuple[bytes, ...]]] = {}  # id(store_spec) -> keys
+        self.load_specs: dict[int, tuple[Any, tuple[bytes, ...]]] = {}  # id(load_spec) -> keys
         self.jobs: dict[int, tuple[bytes, ...]] = {}  # open store job -> its keys
         self.flushed_by_reset: set[int] = set()  # jobs a reset flushed (never completed)
         self.completions: list[tuple[bytes, ...]] = []  # complete_store calls of this update
@@ -97,9 +98,21 @@ class Checks:
                     f"request(s) offered it, store_threshold={self.threshold}"
                 )
 
-    def loaded(self, keys: list[bytes]) -> None:
+    def loaded(self, keys: list[bytes], spec: Any = None) -> None:
         self.stats["loads"] += 1
         self.stats["loaded keys"] += len(keys)
+        if spec is not None:
+            self.load_specs[id(spec)] = (spec, tuple(bytes(k) for k in keys))
+
+    def jobs_keys(self, store_spec: Any) -> tuple[bytes, ...] | None:
+        """The keys of the store spec the manager returned (in its order), or None."""
+        entry = self.specs.get(id(store_spec))
+        return entry[1] if entry is not None and entry[0] is store_spec else None
+
+    def load_spec_keys(self, load_spec: Any) -> tuple[bytes, ...] | None:
+        """The keys a load spec was prepared for (in the order asked), or None."""
+        entry = self.load_specs.pop(id(load_spec), None)
+        return entry[1] if entry is not None and entry[0] is load_spec else None
 
     # --- store jobs
     def issued(self, job_id: int, dst_spec: Any, gpu_blocks: int, blocks_per_chunk: int) -> None:

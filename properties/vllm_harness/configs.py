@@ -22,7 +22,13 @@ BLOCK_SIZE = 2  # tokens per GPU block (and per block hash)
 MAX_MODEL_LEN = 64
 MAX_BATCHED_TOKENS = 8  # small, so that long prompts are prefilled in chunks
 MAX_SEQS = 4
-FAULTS = ("double_complete", "drop_complete", "drop_removals")
+FAULTS = (
+    "double_complete",
+    "drop_complete",
+    "drop_removals",
+    "ignore_flush",  # the worker side (bytes_worker.BYTES_FAULTS)
+    "load_wrong_chunk",
+)
 
 
 def unavailable_reason() -> str | None:

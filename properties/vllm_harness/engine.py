@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..adapters import factory_takes
+from .bytes_worker import BYTES_FAULTS, BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
-from .fake_worker import FakeWorker
 from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
 
 
@@ -105,7 +105,20 @@ class VllmEngine:
         self.front = Front(front_of, self.adapter, real, self.checks, fault)
         self.connector.manager = self.front
         self.sched.kv_event_publisher = _Published(self.checks)
-        self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
+        self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
+        self.describe: Callable[[tuple[int, ...]], str] = lambda t: repr(list(t))
+        self.worker = BytesWorker(
+            self.checks,
+            gpu_blocks=setup.gpu_blocks,
+            num_chunks=setup.num_chunks,
+            block_size=setup.block_size,
+            blocks_per_chunk=setup.blocks_per_chunk,
+            tokens_of=self._tokens_of,
+            blocks_of=self._blocks_of,
+            prefix_of=self._prefix_of,
+            describe=lambda t: self.describe(t),
+            fault=fault if fault in BYTES_FAULTS else None,
+        )
         self.queue: list[_Batch] = []
         self.steps = 0
         self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
@@ -114,6 +127,37 @@ class VllmEngine:
     # --- what the checks read
     def _ready(self, key: bytes) -> bool:
         return str(self.adapter.lookup(key, None)) == "HIT"
+
+    def _tokens_of(self, req_id: str) -> list[int] | None:
+        """A request's tokens: its prompt, then what it samples (always ``SAMPLED_TOKEN``)."""
+        req = self.sched.requests.get(req_id)
+        if req is None:
+            return None
+        prompt = list(req.prompt_token_ids)
+        return prompt + [SAMPLED_TOKEN] * (self.setup.max_model_len - len(prompt))
+
+    def _blocks_of(self, req_id: str) -> list[int]:
+        return list(self.sched.kv_cache_manager.get_block_ids(req_id)[0])
+
+    def _prefix_of(self, key: bytes) -> tuple[int, ...] | None:
+        prefix = self.prefixes.get(key)
+        if prefix is None:
+            self.learn_prefixes()
+            prefix = self.prefixes.get(key)
+        return prefix
+
+    def learn_prefixes(self) -> None:
+        """The prefix each chunk key of each live request names."""
+        bpc, bs = self.setup.blocks_per_chunk, self.setup.block_size
+        for req in self.sched.requests.values():
+            tokens = None
+            for i, block_hash in enumerate(req.block_hashes):
+                if (i + 1) % bpc:
+                    continue
+                key = bytes(block_hash) + b"\0\0\0\0"
+                if key not in self.prefixes:
+                    tokens = tokens if tokens is not None else list(req.all_token_ids)
+                    self.prefixes[key] = tuple(tokens[: (i + 1) * bs])
 
     # --- engine events
     def add_request(self, req_id: str, tokens: list[int], max_tokens: int) -> Any:
@@ -154,7 +198,14 @@ class VllmEngine:
         scheduled = False
         if self.sched.has_requests():
             out = self.sched.schedule()
+            self.learn_prefixes()
             self.worker.receive(out.kv_connector_metadata)
+            computed = {
+                r: self.sched.requests[r].num_computed_tokens
+                for r in out.num_scheduled_tokens
+                if r in self.sched.requests
+            }
+            self.worker.forward(dict(out.num_scheduled_tokens), computed)
             kv_output, stores = self.worker.report()
             sampled = {}
             for req_id in out.num_scheduled_tokens:
@@ -186,6 +237,7 @@ class VllmEngine:
         kwargs = {k: v for k, v in kwargs.items() if k in fields}
         self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
         self.checks.reported(batch.stores)
+        self.worker.check_ready(self._ready)
         if self.setup.kv_events:  # with events off, nothing is announced, by design
             self.checks.check_events(self.cfg.external_hash)
 

@@ -73,7 +73,7 @@ class Front:
     def prepare_load(self, keys, req_context=None):
         keys = list(keys)
         out = self._through("prepare_load", keys, req_context)
-        self.checks.loaded(keys)
+        self.checks.loaded(keys, out)
         return out
 
     def complete_load(self, keys, req_context=None):
@@ -191,11 +191,11 @@ def build_oracle(
 
     model = Model(
         setup.num_chunks,
-        setup.policy,
-        setup.store_threshold,
-        setup.max_tracker_size,
-        target.recencies[0],
+        store_threshold=setup.store_threshold,
+        max_tracker_size=setup.max_tracker_size,
+        policy=setup.policy,
         enable_events=setup.kv_events,
+        recency=target.recencies[0],
     )
     if config_info is not None:
         model.config_info = lambda: [dict(m) for m in config_info]

@@ -172,6 +172,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             log=self.history,
         )
         self.engine.checks.is_finished = self._finished
+        self.engine.describe = _prefix_name
         self.engine.engine_clock = False  # a divergence names the machine's step
         self.rule_no = 0
         self.record("setup", **{"async": async_scheduling, "events": kv_events})
@@ -360,6 +361,18 @@ def vllm_raises(what: str):
             f"during {what}, at vllm/{path}:{where.lineno} "
             f"({(where.line or '').strip()})"
         ) from exc
+
+
+def _prefix_name(tokens: tuple[int, ...]) -> str:
+    """A token prefix as the machine names prompts: ``'AB'``, ``'AB[5,7]'``."""
+    return (
+        "'"
+        + "".join(
+            _block_name(tuple(tokens[j : j + BLOCK_SIZE]))
+            for j in range(0, len(tokens), BLOCK_SIZE)
+        )
+        + "'"
+    )
 
 
 def _block_name(tokens: tuple[int, ...]) -> str:

@@ -1,0 +1,280 @@
+"""The connector's worker side with real bytes: what a request computes with is checked against
+its tokens at every step (issue 30, item 1).
+
+Every GPU block is a row of ``block_size`` int64 words, one a token position; the "model" writes
+into the word of position ``p`` of a request the *content* of its prefix ``tokens[:p + 1]`` (a
+hash chained over the tokens, so a word names the whole prefix it was computed from, and the
+content of every block can be checked against the token prefix it should hold). The CPU tier is
+kvgate's own copy worker (``kvgate.impl.worker.OffloadWorker`` on the CPU path): a store copies
+the job's GPU blocks into the chunks the manager named, a load copies chunks back into the
+request's GPU blocks, each at the moment the worker would run it: when the job completes (the
+machine delivers it, or the connector names it in ``jobs_to_flush``, or it is a synchronous
+load), never earlier. A store that the connector forgot to flush before its GPU blocks were
+handed to another request therefore copies what that request wrote.
+
+Checked, each failure one line naming blocks and chunks by the prompts they hold:
+
+- **computes with its own KV**: when a batch runs, every position a scheduled request has
+  already computed (``[0, num_computed_tokens)`` before the batch) holds the content of its own
+  token prefix, in the request's GPU blocks;
+- **stores read live blocks**: when a store runs, each GPU block it reads holds the content the
+  chunk's key names (a block reused before the copy ran holds another prefix);
+- **loads deliver their prefix**: when a load runs, each chunk it reads holds the content of the
+  key it was loaded for, and afterwards the request's GPU blocks hold its own prefix;
+- **ready chunks hold their keys**: after every update, each key the manager reports ready
+  sits in a chunk that holds the content the key names.
+
+Faults that break these (``BYTES_FAULTS``): ``ignore_flush`` (the worker runs a flushed store
+only when it is delivered, as if ``jobs_to_flush`` were empty), ``load_wrong_chunk`` (a load reads
+the chunk after the one the manager named, where the tier has more than one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .checks import Checks
+from .fake_worker import FakeWorker
+
+BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk")
+_MASK = (1 << 62) - 1
+
+
+def content_chain(tokens: Iterable[int]) -> list[int]:
+    """The content word of each position: ``out[p]`` names ``tokens[:p + 1]`` (never 0)."""
+    out, value = [], 1
+    for token in tokens:
+        value = (hash((value, int(token))) & _MASK) | 1
+        out.append(value)
+    return out
+
+
+class BytesWorker(FakeWorker):
+    """``FakeWorker`` that moves bytes (see the module docstring)."""
+
+    def __init__(
+        self,
+        checks: Checks,
+        *,
+        gpu_blocks: int,
+        num_chunks: int,
+        block_size: int,
+        blocks_per_chunk: int,
+        tokens_of: Callable[[str], list[int] | None],
+        blocks_of: Callable[[str], list[int]],
+        prefix_of: Callable[[bytes], tuple[int, ...] | None],
+        describe: Callable[[tuple[int, ...]], str],
+        fault: str | None = None,
+    ):
+        import torch
+
+        from kvgate.impl.worker import OffloadWorker
+
+        super().__init__(checks, blocks_per_chunk)
+        self.bs = block_size
+        self.bpc = blocks_per_chunk
+        self.gpu = torch.zeros((gpu_blocks, block_size), dtype=torch.int64)
+        self.copier = OffloadWorker([self.gpu], num_chunks, blocks_per_chunk, check_hazards=False)
+        self.cpu = (
+            self.copier.cpu_tensors[0]
+            .view(torch.int64)
+            .view(num_chunks * blocks_per_chunk, block_size)
+        )
+        self.tokens_of = tokens_of  # req_id -> its tokens (sampled ones included), or None
+        self.blocks_of = blocks_of  # req_id -> its GPU blocks (group 0), in position order
+        self.prefix_of = prefix_of  # key -> the token prefix it names, or None
+        self.describe = describe
+        self.fault = fault
+        self.names: dict[int, tuple[int, ...]] = {}  # content word -> the prefix it names
+        self.transfers: dict[int, tuple] = {}  # job -> what it copies
+        self.chunk_key: dict[int, bytes] = {}  # CPU chunk -> the key last stored into it
+        self.key_chunk: dict[bytes, int] = {}
+        self.load_keys: dict[int, tuple[bytes, ...]] = {}  # id(load spec) -> its keys
+        self.copy_seq = 0
+
+    # --- contents
+    def _chain(self, tokens: list[int]) -> list[int]:
+        chain = content_chain(tokens)
+        for p, word in enumerate(chain):
+            self.names.setdefault(word, tuple(tokens[: p + 1]))
+        return chain
+
+    def _what(self, word: int) -> str:
+        if word == 0:
+            return "nothing (never written)"
+        prefix = self.names.get(word)
+        return self.describe(prefix) if prefix is not None else f"unknown content {word:#x}"
+
+    def _expect_chunk(self, key: bytes) -> list[list[int]] | None:
+        """The words each sub-block of ``key``'s chunk should hold, or None (prefix unknown)."""
+        prefix = self.prefix_of(key)
+        if prefix is None:
+            return None
+        chain = self._chain(list(prefix))
+        end = len(prefix)
+        start = end - self.bpc * self.bs
+        if start < 0:
+            return None
+        return [chain[start + s * self.bs : start + (s + 1) * self.bs] for s in range(self.bpc)]
+
+    # --- the worker side
+    def receive(self, meta: Any) -> None:
+        if meta is None:
+            return
+        for job_id, job in (getattr(meta, "store_jobs", None) or {}).items():
+            keys = self.checks.jobs_keys(job.dst_spec)
+            self.transfers[job_id] = ("store", job.req_id, job.src_spec, job.dst_spec, keys)
+        for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
+            keys = self.checks.load_spec_keys(job.src_spec)
+            self.transfers[job_id] = ("load", job.req_id, job.dst_spec, job.src_spec, keys)
+        if self.fault == "ignore_flush" and getattr(meta, "jobs_to_flush", None):
+            meta = _WithoutFlush(meta)
+        super().receive(meta)
+
+    def finish(self, jobs: Iterable[int]) -> None:
+        for job in jobs:
+            if job in self.in_flight and job not in self.done:
+                self._copy(job)
+                self.done.append(job)
+
+    def _copy(self, job_id: int) -> None:
+        entry = self.transfers.pop(job_id, None)
+        if entry is None:
+            return
+        kind, req_id, gpu_spec, cpu_spec, keys = entry
+        gpu_ids = [int(b) for b in gpu_spec.block_ids]
+        chunks = [int(c) for c in cpu_spec.block_ids]
+        first = int((getattr(gpu_spec, "block_indices", None) or [0])[0])
+        offset = first % self.bpc
+        self.copy_seq += 1
+        if kind == "store":
+            self._store(job_id, req_id, gpu_ids, chunks, offset, keys)
+        else:
+            self._load(job_id, req_id, gpu_ids, chunks, offset, first, keys)
+
+    def _store(self, job_id, req_id, gpu_ids, chunks, offset, keys) -> None:
+        if len(gpu_ids) != len(chunks) * self.bpc or offset:
+            return  # Checks.issued already failed it
+        for j, key in enumerate((keys or ())[: len(chunks)]):
+            want = self._expect_chunk(key)
+            if want is None:
+                continue
+            for s in range(self.bpc):
+                block = gpu_ids[j * self.bpc + s]
+                got = self.gpu[block].tolist()
+                if got != want[s]:
+                    bad = got[-1]  # the word that names the block's whole prefix
+                    self.checks.fail(
+                        f"store job {job_id} ({req_id}) read GPU block {block} for chunk "
+                        f"{self.checks.name(key)}, but the block holds {self._what(bad)}: it "
+                        "was reused before the copy ran"
+                    )
+                    break
+        self.copier.submit_store(self.copy_seq, gpu_ids, chunks, 0)
+        self.copier.get_finished()
+        for key, chunk in zip(keys or (), chunks):
+            old = self.chunk_key.get(chunk)
+            if old is not None and self.key_chunk.get(old) == chunk:
+                del self.key_chunk[old]
+            self.chunk_key[chunk] = key
+            self.key_chunk[key] = chunk
+        self.stats["bytes stored"] += len(gpu_ids) * self.bs * 8
+
+    def _load(self, job_id, req_id, gpu_ids, chunks, offset, first, keys) -> None:
+        if self.fault == "load_wrong_chunk" and len(chunks) > 1:
+            chunks = chunks[::-1]
+        for key, chunk in zip(keys or (), chunks):
+            want = self._expect_chunk(key)
+            got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()
+            if want is not None and got != want:
+                bad = got[-1][-1]  # the word that names the chunk's whole prefix
+                self.checks.fail(
+                    f"load job {job_id} ({req_id}) read chunk {chunk} for "
+                    f"{self.checks.name(key)}, but it holds {self._what(bad)}"
+                )
+                break
+        if -(-(offset + len(gpu_ids)) // self.bpc) == len(chunks):
+            self.copier.submit_load(self.copy_seq, chunks, gpu_ids, offset)
+            self.copier.get_finished()
+        self.stats["bytes loaded"] += len(gpu_ids) * self.bs * 8
+        tokens = self.tokens_of(req_id)
+        if tokens is None:
+            return
+        chain = self._chain(tokens)
+        for i, block in enumerate(gpu_ids):
+            start = (first + i) * self.bs
+            want = chain[start : start + self.bs]
+            got = self.gpu[block].tolist()[: len(want)]
+            if got != want:
+                i = next(i for i, (w, x) in enumerate(zip(got, want)) if w != x)
+                self.checks.fail(
+                    f"load job {job_id} delivered {self._what(got[i])} into GPU block {block} "
+                    f"of {req_id} at token {start + i}, where {self._what(want[i])} belongs"
+                )
+                return
+
+    # --- the model's forward pass
+    def forward(self, scheduled: dict[str, int], computed: dict[str, int]) -> None:
+        """A batch runs: ``scheduled[req] = n`` tokens computed from position
+        ``computed[req] - n``. First what each request computes with is checked, then the
+        new positions are written."""
+        for req_id, n in scheduled.items():
+            tokens = self.tokens_of(req_id)
+            if tokens is None or n <= 0:
+                continue
+            end = computed[req_id]
+            start = end - n
+            blocks = self.blocks_of(req_id)
+            chain = self._chain(tokens[:end])
+            self._check_context(req_id, blocks, chain, start)
+            for p in range(start, end):
+                b = p // self.bs
+                if b < len(blocks):
+                    self.gpu[blocks[b], p % self.bs] = chain[p]
+            self.stats["positions written"] += n
+
+    def _check_context(self, req_id: str, blocks: list[int], chain: list[int], upto: int) -> None:
+        for b in range(-(-upto // self.bs)):
+            if b >= len(blocks):
+                self.checks.fail(
+                    f"{req_id} computes with {upto} tokens but has {len(blocks)} blocks"
+                )
+                return
+            lo, hi = b * self.bs, min(upto, (b + 1) * self.bs)
+            got = self.gpu[blocks[b], : hi - lo].tolist()
+            want = chain[lo:hi]
+            if got != want:
+                bad = next(i for i, (w, x) in enumerate(zip(got, want)) if w != x)
+                self.checks.fail(
+                    f"{req_id} computes with GPU block {blocks[b]} (tokens {lo}-{hi - 1}) "
+                    f"holding {self._what(got[bad])} at token {lo + bad}, where its own prefix "
+                    f"{self._what(want[bad])} belongs"
+                )
+                return
+
+    # --- after every update
+    def check_ready(self, is_ready: Callable[[bytes], bool]) -> None:
+        """Each key the manager reports ready sits in a chunk holding that key's content."""
+        for key, chunk in list(self.key_chunk.items()):
+            if not is_ready(key):
+                continue
+            want = self._expect_chunk(key)
+            got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()
+            if want is not None and got != want:
+                bad = got[-1][-1]
+                self.checks.fail(
+                    f"chunk {chunk} is ready as {self.checks.name(key)} but holds {self._what(bad)}"
+                )
+                return
+
+
+class _WithoutFlush:
+    """The connector metadata with no jobs to flush (fault ``ignore_flush``)."""
+
+    def __init__(self, meta: Any):
+        self._meta = meta
+        self.jobs_to_flush = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._meta, name)
