@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.vllm_releases import PATCHED, gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
+from tests.vllm_releases import PATCHED, built, gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
 
 # Why the gate is right where a release differs: the seed's claim each verdict rests on.
 ARGUMENTS = {
@@ -147,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "upstream.md")
     args = p.parse_args(argv)
-    found = [(v, args.envs / v / "bin" / "python") for v in releases()]
-    found = [(v, py) for v, py in found if py.exists()]
+    found = built(releases(), args.envs)
     if not found:
         print(
             f"make_upstream: no release environment under {args.envs}; build one with "

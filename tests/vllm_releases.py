@@ -6,6 +6,11 @@ another folder). A test asks for a release with ``release_python(version)``: out
 that is not built skips the test; where ``KVGATE_VLLM_REQUIRED=1`` (.ci/run sets it, after building
 them all) conftest.py makes any vllm test's skip a failure, so no vLLM test skips in CI.
 
+The list has two kinds of entry: a bare version is checked exactly by the vLLM tests
+(``releases()``); ``VERSION gate`` is an older release of a design of its own, held to the
+default gate's verdict alone (``gate_only()``, tests/test_releases.py). The full sweep of every
+release is docs/make_releases.py's job, not CI's.
+
 This module is the one reader of the release list: the page docs/upstream.md is made from the
 same runs (docs/make_upstream.py uses ``releases``, ``run_python`` and ``gate_facts`` from
 here), the benches run in the same environments (bench/release_envs.py uses ``releases`` and
@@ -42,14 +47,37 @@ OVERCOUNT = (
 SKIPS = "vllm:kv_offload_stores_skipped differs"
 
 
-def releases() -> list[str]:
-    """The gated releases, in the file's order: one a line, ``#`` comments and blanks left out."""
+def _entries() -> list[list[str]]:
     lines = RELEASES_FILE.read_text().splitlines()
-    return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    return [ln.split() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def releases() -> list[str]:
+    """The releases checked exactly by the vLLM tests (their defects, mended managers, vLLM's
+    scheduler, the replay), in the file's order: one a line, ``#`` comments and blanks left
+    out, and not the ones marked ``gate``."""
+    return [e[0] for e in _entries() if e[1:] != ["gate"]]
+
+
+def gate_only() -> list[str]:
+    """The older releases CI holds to the default gate's verdict alone (``VERSION gate`` in the
+    file; tests/test_releases.py): each of a design of its own (spec §3.2, §10)."""
+    return [e[0] for e in _entries() if e[1:] == ["gate"]]
+
+
+def all_releases() -> list[str]:
+    """Every release CI builds an environment for."""
+    return [e[0] for e in _entries()]
 
 
 def envs_dir() -> Path:
     return Path(os.environ.get("KVGATE_VLLM_ENVS", ROOT / ".vllm"))
+
+
+def built(versions: list[str], envs: Path) -> list[tuple[str, Path]]:
+    """``(version, python)`` of each release whose environment exists under ``envs``."""
+    found = [(v, envs / v / "bin" / "python") for v in versions]
+    return [(v, python) for v, python in found if python.exists()]
 
 
 def release_python(version: str) -> Path:
@@ -111,4 +139,4 @@ def probe(version: str, code: str) -> dict:
 
 
 if __name__ == "__main__":
-    print("\n".join(releases()))
+    print("\n".join(all_releases()))

@@ -32,6 +32,7 @@ summarise the histogram, so its samples are read from the unreduced ``metric_sec
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import logging
 from collections.abc import Callable, Iterable
@@ -649,7 +650,11 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
                 f"target 'vllm': {VLLM_MANAGER} has no {VLLM_MANAGER_CLASS} "
                 "(an older or newer vLLM than this adapter knows)"
             )
-        types = types or vllm_types()
+        if types is None:
+            older = older_interface(cls)
+            if older:
+                raise TargetError(older)
+            types = vllm_types()
     elif spec.startswith("vllm="):
         path = spec.split("=", 1)[1]
         cls = import_attr(path)
@@ -710,6 +715,35 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
         feed=learned.get("feed", "offer"),
         positions=positions,
         release=f"vLLM {version}" if spec == "vllm" and version else name,
+    )
+
+
+def older_interface(cls: Any) -> str:
+    """One line where the installed vLLM's manager predates the interface kvgate drives (every
+    call names its request context, the types in ``vllm.v1.kv_offload.base``): which calls name
+    no request, where the threshold lives, and that nothing is checked; "" otherwise."""
+    if importlib.util.find_spec("vllm.v1.kv_offload.base") is not None:
+        return ""
+    calls = ("lookup", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store")
+    blind = []
+    for call in calls:
+        try:
+            params = inspect.signature(getattr(cls, call)).parameters
+        except (AttributeError, TypeError, ValueError):
+            continue
+        if "req_context" not in params:
+            blind.append(f"{call}({', '.join(p for p in params if p != 'self')})")
+    wrapper = THRESHOLD_WRAPPER[1] if importlib.util.find_spec(THRESHOLD_WRAPPER[0]) else ""
+    where = (
+        f"its store threshold lives in {wrapper} ({THRESHOLD_WRAPPER[0]}), "
+        if wrapper
+        else "it has no store threshold, "
+    )
+    return (
+        f"vLLM {installed_vllm_version()}: {where}and its calls "
+        f"{'; '.join(blind) or '(all of them)'} name no request context (its types are not in "
+        "vllm.v1.kv_offload.base); kvgate drives managers whose every call names its request, "
+        "so the admission rule (spec A2, A3) is not judged on this release: nothing is checked"
     )
 
 

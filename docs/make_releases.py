@@ -1,0 +1,308 @@
+"""Build one environment per vLLM release and write docs/releases.md: kvgate's verdict on each.
+
+    python docs/make_releases.py --build [VERSION ...]   # build the environments (network)
+    python docs/make_releases.py [--out FILE] [VERSION ...]  # run the default gate, write the page
+
+The releases are every minor release of vLLM whose wheel holds the offloading manager
+(``vllm/v1/kv_offload``), each at its last patch release (``SWEEP``). The CPU build of torch and
+the packages the managers import are installed once, in a base environment (``.vllm/base``);
+each release's environment is a bare virtual environment whose site-packages names the base's
+(a ``.pth`` file), holding only that release's wheel (``--no-deps``) and kvgate (editable,
+``--no-deps``). So a release costs its wheel, not another torch. An environment .ci/vllm-venv
+built (a full one) is used as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.vllm_releases import built, gate_facts, run_python  # noqa: E402 - needs ROOT on the path
+
+# Every minor release with vllm/v1/kv_offload, each at its last patch release, oldest first.
+SWEEP = [
+    "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0",
+    "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
+]  # fmt: skip
+TORCH = "torch==2.13.0"
+# What the managers and the modules they import need, beyond torch (the list .ci/vllm-venv
+# installs, and what older releases also import at module level).
+COMMON = (
+    "packaging psutil pyzmq urllib3 regex numpy transformers cbor2 aiohttp requests "
+    "openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo "
+    "prometheus_client xgrammar fastapi partial_json_parser llguidance gguf diskcache einops"
+).split()
+
+
+def sh(*cmd: str | Path, log) -> None:
+    print("+", " ".join(map(str, cmd)), file=log, flush=True)
+    subprocess.run([str(c) for c in cmd], check=True, stdout=log, stderr=subprocess.STDOUT)
+
+
+def site_packages(env: Path) -> Path:
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return env / "lib" / version / "site-packages"
+
+
+def pip(env: Path, *args: str, log) -> None:
+    sh(env / "bin" / "python", "-m", "pip", "install", "-q", "--no-cache-dir", *args, log=log)
+
+
+def build_base(envs: Path, log) -> Path:
+    base = envs / "base"
+    if (base / ".ready").exists():
+        return base
+    sh(sys.executable, "-m", "venv", "--clear", base, log=log)
+    pip(base, "--upgrade", "pip", log=log)
+    pip(base, TORCH, log=log)
+    pip(base, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test,mutation]", log=log)
+    pip(base, "--no-warn-conflicts", "-c", str(ROOT / "constraints.txt"), *COMMON, log=log)
+    (base / ".ready").write_text("")
+    return base
+
+
+def build_release(version: str, envs: Path, base: Path, log) -> Path:
+    env = envs / version
+    if (
+        (env / ".ready").exists()
+        or (env / "bin" / "kvgate").exists()
+        and not (env / ".shared").exists()
+    ):
+        return env  # built before, here or by .ci/vllm-venv
+    sh(sys.executable, "-m", "venv", "--clear", "--without-pip", env, log=log)
+    # site.addsitedir, not a bare path line: the base's own .pth files (its editable kvgate,
+    # among them) are read too.
+    (site_packages(env) / "_kvgate_base.pth").write_text(
+        f"import site; site.addsitedir({str(site_packages(base))!r})\n"
+    )
+    (env / ".shared").write_text(str(base) + "\n")
+    py = env / "bin" / "python"
+    sh(py, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-compile", "--no-deps",
+       f"vllm=={version}", log=log)  # fmt: skip
+    sh(py, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "-e", ROOT, log=log)
+    (env / ".ready").write_text("")
+    return env
+
+
+def build(versions: list[str], envs: Path) -> int:
+    envs.mkdir(parents=True, exist_ok=True)
+    with open(envs / "base.log", "a") as log:
+        base = build_base(envs, log)
+    failed = []
+    for version in versions:
+        with open(envs / f"{version}.log", "a") as log:
+            try:
+                build_release(version, envs, base, log)
+                print(f"vLLM {version} ready in {envs / version}")
+            except subprocess.CalledProcessError as exc:
+                failed.append(version)
+                print(f"vLLM {version}: {exc}; see {envs / version}.log", file=sys.stderr)
+    return 1 if failed else 0
+
+
+# --- the page ---------------------------------------------------------------------------------
+
+# What a counterexample's reason says about the rule broken, and why the gate is right there:
+# (defect, the rule, the argument). Read off the reason, the target's answer and where the
+# release's tracker counts (its note line), never off the version.
+DEFECTS = {
+    "counts every lookup": (
+        "[A2](spec.md#a2), [§3.2](spec.md#s3-2): each key counts once per request",
+        "The tracker is fed at `lookup()` (a release's choice, learnt by the probe), but every "
+        "lookup counts: one request that looks a key up twice (as a waiting request does at each "
+        "scheduling attempt) takes it to 2 on its own, where the seed's claim allows 1.",
+    ),
+    "counts every offer": (
+        "[A2](spec.md#a2): each key counts once per request",
+        "The seed's bug: every offer counts, so a request's retry after `None`, or its re-offer "
+        "after a preemption, counts again and one request alone gets a key admitted.",
+    ),
+    "skip undercount": (
+        "[A5](spec.md#a5): a skip counts once per request and generation, at the first offer "
+        "that skips the key",
+        "The skip metric is deduplicated by the keys the request has *counted*, so a request "
+        "that had the key admitted (then lost it) and later skips it never counts that skip.",
+    ),
+    "skip overcount": (
+        "[A5](spec.md#a5): a skip counts once per request and generation",
+        "Every offer's skipped keys are added to the metric again (and keys already resident "
+        "are counted as skipped), where the seed counts a key's skip once per request.",
+    ),
+}
+
+
+def defect_of(facts: dict, note: str) -> str:
+    """Which defect a counterexample shows ("" for a pass or an unclassified one)."""
+    why = facts["why"]
+    fed_at_lookups = "tracker fed at lookups" in note
+    if "a count exceeds" in why or why == "admitted keys differ":
+        return "counts every lookup" if fed_at_lookups else "counts every offer"
+    if "stores_skipped differs" in why:
+        got = re.search(r"target answered: \S*=(\d+)", facts["counterexample"])
+        want = re.search(r"model answered:\s+\S*=(\d+)", facts["counterexample"])
+        if got and want:
+            return "skip undercount" if int(got[1]) < int(want[1]) else "skip overcount"
+    return ""
+
+
+def gate(version: str, python: Path) -> dict:
+    """The default gate in the release's environment, and what it printed."""
+    start = time.perf_counter()
+    done = run_python(python, "-m", "kvgate", "check", "--target", "vllm", "--profile", "ci")
+    seconds = time.perf_counter() - start
+    out = "\n".join(
+        line
+        for line in (done.stdout + done.stderr).splitlines()
+        if not line.startswith(("INFO", "WARN"))
+    )
+    facts = gate_facts(out)
+    one_line = re.search(r"^kvgate: (.*)$", out, re.MULTILINE)
+    error = re.search(r"^ERROR +\S+ x \S+: (.*)$", out, re.MULTILINE)
+    unchecked = re.search(r"^not checked for \S+: (.*)$", out, re.MULTILINE)
+    runs = re.findall(r"^(PASS|FAIL|ERROR) +([\w-]+) x ", out, re.MULTILINE)
+    return dict(
+        facts,
+        version=version,
+        code=done.returncode,
+        seconds=seconds,
+        line=(one_line or error)[1] if (one_line or error) else "",
+        unchecked=unchecked[1] if unchecked else "",
+        runs=runs,
+        defect=defect_of(facts, facts["note"]),
+    )
+
+
+def manager_of(note: str) -> str:
+    name = note.split(";")[0].split(": ", 1)[-1] if note else ""
+    return f"`{name.rsplit('.', 1)[-1]}`" if name else "-"
+
+
+def found_of(note: str) -> str:
+    """The capabilities the adapter found, from its note line (version and class left out)."""
+    parts = [p.strip() for p in note.split(";")[2:]] if note else []
+    return "; ".join(parts) or "-"
+
+
+def page(results: list[dict]) -> str:
+    rows = []
+    for r in results:
+        verdict = {0: "passes", 1: "fails", 2: "not judged"}.get(r["code"], f"exit {r['code']}")
+        rule = DEFECTS[r["defect"]][0] if r["defect"] else (r["why"] or r["line"] or "-")
+        rows.append(
+            f"| {r['version']} | {manager_of(r['note'])} | {found_of(r['note'])} | "
+            f"{verdict} (exit {r['code']}) | {rule} | {r['steps'] or '-'} | {r['seconds']:.1f} |"
+        )
+    gone = []
+    for defect in DEFECTS:
+        having = [r["version"] for r in results if r["defect"] == defect]
+        if not having:
+            continue
+        last = having[-1]
+        later = [r for r in results if _key(r["version"]) > _key(last) and r["code"] in (0, 1)]
+        fixed = next((r["version"] for r in later if r["defect"] != defect), None)
+        gone.append(
+            f"| {defect} | {DEFECTS[defect][0]} | {having[0]} to {last} | "
+            f"{fixed or 'not gone yet'} |"
+        )
+    sections = []
+    for r in results:
+        parts = [f"## vLLM {r['version']}", ""]
+        if r["note"]:
+            parts += [f"Adapter: `{r['note']}`.", ""]
+        parts.append(
+            f"`kvgate check --target vllm --profile ci`: exit {r['code']} in {r['seconds']:.1f} s"
+            + (f", a counterexample of {r['steps']} steps ({r['why']})." if r["steps"] else ".")
+        )
+        parts.append("")
+        if r["line"]:
+            parts += [f"It says: {r['line']}", ""]
+        if r["defect"]:
+            parts += [f"Rule broken: {DEFECTS[r['defect']][0]}. {DEFECTS[r['defect']][1]}", ""]
+        if r["unchecked"]:
+            parts += [f"Not checked: {r['unchecked']}.", ""]
+        if r["counterexample"]:
+            parts += ["```", r["counterexample"], "```", ""]
+        sections.append("\n".join(parts))
+    return "\n".join(
+        [
+            "# kvgate on every vLLM release with an offloading manager",
+            "",
+            f"Generated by `python docs/make_releases.py` on {datetime.date.today()}; do not edit "
+            "by hand. `python docs/make_releases.py --build` builds one environment per release "
+            "(the CPU build of torch shared by all of them, each wheel with `--no-deps`); each "
+            "verdict is the default gate, `kvgate check --target vllm --profile ci` "
+            "(derandomized, one hash seed), in that release's environment. Seconds are the whole "
+            "command's wall time, vLLM's import included. The adapter learns each release's "
+            "choices from what the release offers (spec [§3.2](spec.md#s3-2), "
+            "[§10](spec.md#s10)); the rules it holds every release to are the seed's.",
+            "",
+            "| release | manager | what the adapter found | verdict | rule broken | steps | "
+            "seconds |",
+            "|---|---|---|---|---|---:|---:|",
+            *rows,
+            "",
+            "Each defect, the releases that have it, and the first release in which it is gone:",
+            "",
+            "| defect | rule | releases | gone in |",
+            "|---|---|---|---|",
+            *gone,
+            "",
+            *sections,
+        ]
+    )
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version))
+
+
+def write(versions: list[str], envs: Path, out: Path) -> int:
+    found = built(versions, envs)
+    if not found:
+        print(
+            f"make_releases: no release environment under {envs}; build them with "
+            "python docs/make_releases.py --build",
+            file=sys.stderr,
+        )
+        return 2
+    results = []
+    for version, python in found:
+        result = gate(version, python)
+        print(
+            f"vLLM {version}: exit {result['code']} in {result['seconds']:.1f} s "
+            f"{result['why'] or result['line'][:80]}",
+            flush=True,
+        )
+        results.append(result)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(page(results).rstrip() + "\n")
+    os.replace(tmp, out)
+    print(f"wrote {out} ({len(results)} releases)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("versions", nargs="*", default=SWEEP)
+    p.add_argument("--build", action="store_true", help="build the environments (no page)")
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "releases.md")
+    p.add_argument(
+        "--envs", type=Path, default=Path(os.environ.get("KVGATE_VLLM_ENVS", ROOT / ".vllm"))
+    )
+    args = p.parse_args(argv)
+    if args.build:
+        return build(args.versions, args.envs)
+    return write(args.versions, args.envs, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""A harness error is never a verdict (issue 31, spec §9): an exception the target raises is a
+divergence that names the call, the exception and where in the target it was raised; an answer
+the interface does not allow is a divergence too; an exception raised in kvgate's own code (the
+adapter, a machine) ends the check with exit 2 and one line naming it. Each kind is planted
+here, against the vLLM-shaped stand-in of tests/fake_vllm.py (no vLLM needed)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from kvgate.cli import main
+from tests.fake_vllm import FakeManager, LookupResult, ReqContext, make_offload_key  # noqa: F401
+
+# The stand-ins below are targets (vllm=tests.test_harness_errors:NAME): this module defines
+# ReqContext and make_offload_key (imported above), so the adapter takes its types from here.
+
+
+class RaisesOnSecondOffer(FakeManager):
+    """Raises inside the target on the second offer: the target's own crash."""
+
+    def prepare_store(self, keys, req_context):
+        self.offers = getattr(self, "offers", 0) + 1
+        if self.offers == 2:
+            raise KeyError("planted in the target")
+        return super().prepare_store(keys, req_context)
+
+
+class LookupAnswersNone(FakeManager):
+    """A lookup whose ``None`` reaches the caller (the mutant of issue 31)."""
+
+    def lookup(self, key, req_context) -> LookupResult:
+        return None
+
+
+def check(capsys, target: str) -> tuple[int, str]:
+    code = main(
+        ["check", "--target", target, "--machine", "manager", "--profile", "ci"]
+        + ["--max-examples", "60", "--no-database"]
+    )
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_an_exception_the_target_raises_is_a_divergence_naming_where(capsys):
+    code, out = check(capsys, "vllm=tests.test_harness_errors:RaisesOnSecondOffer")
+    assert code == 1, out
+    assert "(the target raised)" in out, out
+    assert "raised KeyError: 'planted in the target'" in out, out
+    # where in the target: this file, in prepare_store
+    assert re.search(r"at tests/test_harness_errors\.py:\d+ in prepare_store", out), out
+    assert "kvgate's own code" not in out
+
+
+def test_an_answer_the_interface_does_not_allow_is_a_divergence(capsys):
+    code, out = check(capsys, "vllm=tests.test_harness_errors:LookupAnswersNone")
+    assert code == 1, out
+    assert "answered None, which is not a lookup result" in out, out
+    assert "(an answer the interface does not allow)" in out, out
+
+
+def test_kvgate_raising_inside_a_target_call_is_exit_2_one_line(capsys, monkeypatch):
+    """The adapter itself breaks while reading an answer: no counterexample, exit 2."""
+    import kvgate.properties.vllm_harness.adapter as adapter
+
+    monkeypatch.setattr(adapter, "_ids", None)  # kvgate's own helper, gone
+    code, out = check(capsys, "vllm=tests.test_harness_errors:FakeManager")
+    assert code == 2, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
+    assert "kvgate's own code raised TypeError" in line, line
+    assert re.search(r"at properties/vllm_harness/adapter\.py:\d+ in prepare_", line), line
+    assert "no verdict on the target" in line, line
+    assert "--- counterexample" not in out, out
+    assert "result: a target could not be checked (exit 2)" in out, out
+
+
+def test_kvgate_raising_in_a_machine_is_exit_2_one_line(capsys, monkeypatch):
+    """A machine's own code breaks between target calls: exit 2, naming the machine."""
+    import kvgate.properties.manager_machine as machine
+
+    monkeypatch.setattr(machine, "KEYS", {})  # the machine's own key table, emptied
+    code, out = check(capsys, "vllm=tests.test_harness_errors:FakeManager")
+    assert code == 2, out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
+    assert "kvgate's own code raised KeyError" in line, line
+    assert "properties/manager_machine.py" in line and "the manager machine" in line, line
+    assert "--- counterexample" not in out, out
+
+
+@pytest.mark.parametrize("missing", ["get_stats", "reset_cache"])
+def test_a_call_the_target_lacks_is_never_drawn_and_named(capsys, missing):
+    """Capability: a release without get_stats or reset_cache (vLLM 0.21.0) is checked on the
+    rest, and the report says what that leaves unchecked."""
+    code, out = check(capsys, f"vllm=tests.test_harness_errors:Without_{missing}")
+    assert code == 0, out
+    assert f"lacks {missing}" in out or ("lacks " in out and missing in out), out
+    assert re.search(rf"not checked for .*no [a-z_, ]*{missing}[a-z_, ]* steps", out), out
+
+
+class Without_get_stats(FakeManager):
+    get_stats = None
+
+
+class Without_reset_cache(FakeManager):
+    reset_cache = None

@@ -1,0 +1,63 @@
+"""Older vLLM releases, each of a design of its own, held to the default gate's verdict
+(``VERSION gate`` in .ci/vllm-releases.txt; docs/releases.md judges every release, from
+``python docs/make_releases.py``).
+
+- 0.28.0 keeps the threshold in the manager and feeds its tracker at ``lookup()`` (spec §3.2),
+  answers ``on_new_request`` block-level, and its contexts hold no key positions.
+- 0.21.0 keeps the threshold in a wrapper (``FilterReusedOffloadingManager``) fed at
+  ``lookup()``, answers lookups with a bool, and has no ``reset_cache`` and no ``get_stats``.
+
+Both count every lookup, so one request that looks a key up twice takes it to 2 on its own: the
+default gate fails each on spec A2 (a count above the distinct requests that looked the key up)
+in a few steps, having learnt each choice from the release, never from its version.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.vllm_releases import gate_facts, gate_only, run_in
+
+pytestmark = pytest.mark.vllm
+
+LOOKUP_OVERCOUNT = (
+    "a count exceeds the distinct requests that looked the key up since it entered the tracker"
+)
+EXPECTED = {
+    "0.28.0": {
+        "found": ["tracker fed at lookups", "on_new_request answers block_level"],
+        "not_checked": ["key positions"],
+        "max_steps": 4,
+    },
+    "0.21.0": {
+        "found": [
+            "threshold in vllm.v1.kv_offload.reuse_manager.FilterReusedOffloadingManager",
+            "tracker fed at lookups",
+            "lookup answers a bool or None",
+        ],
+        "not_checked": ["resets (spec A7, §4.4)", "every metric (spec §5.2, §5.3)"],
+        "max_steps": 4,
+    },
+}
+
+
+@pytest.mark.parametrize("version", gate_only())
+def test_an_older_release_gets_its_true_verdict(version):
+    done = run_in(version, "-m", "kvgate", "check", "--target", "vllm", "--profile", "ci")
+    out = done.stdout + done.stderr
+    facts = gate_facts(out)
+    assert done.returncode == 1, out  # a verdict, not a harness error or a usage error
+    assert "kvgate's own code" not in out, out
+    want = EXPECTED.get(version)
+    if want is None:
+        return
+    assert facts["why"] == LOOKUP_OVERCOUNT, out
+    assert 1 <= facts["steps"] <= want["max_steps"], out
+    for found in want["found"]:
+        assert found in facts["note"], (found, facts["note"])
+    (unchecked,) = [ln for ln in out.splitlines() if ln.startswith("not checked for vllm:")]
+    for what in want["not_checked"]:
+        assert what in unchecked, (what, unchecked)
+    # the counterexample is one request looking a key up twice
+    lookups = [ln for ln in facts["counterexample"].splitlines() if "state.lookup(" in ln]
+    assert len(lookups) >= 2, out
