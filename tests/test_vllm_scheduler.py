@@ -16,7 +16,10 @@ with the oracle switched off (the seed's preemption scenario, scripted), the sto
 accounting on a connector that completes a job twice or drops a completion, the events check
 on one that loses its removal events; the bytes checks (issue 30) on a worker that runs a
 flushed store only when it is delivered (it copies a GPU block already handed to another
-request) and on one whose loads read the wrong chunk.
+request) and on one whose loads read the wrong chunk; the exact checks of the connector's
+scheduler side on a connector that reports a chunk more than the tier holds, one whose
+stored-chunk index never advances, one that never tells the manager of a new request, and one
+that never drops a finished request's state.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ FAULTS = {
     # the bytes worker (properties/vllm_harness/bytes_worker.py)
     "ignore_flush": "was reused before the copy ran",
     "load_wrong_chunk": "but it holds",
+    # the connector's scheduler side, exactly (properties/vllm_harness/exact.py)
+    "phantom_hit": "phantom hit: the connector reported",
+    "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
+    "skip_new_request": "before on_new_request told it of that request",
+    "keep_finished": "after it finished and its transfers settled",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost

@@ -28,6 +28,10 @@ FAULTS = (
     "drop_removals",
     "ignore_flush",  # the worker side (bytes_worker.BYTES_FAULTS)
     "load_wrong_chunk",
+    "phantom_hit",  # the connector's scheduler side (exact.EXACT_FAULTS)
+    "reoffer",
+    "skip_new_request",
+    "keep_finished",
 )
 
 

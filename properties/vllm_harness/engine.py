@@ -12,6 +12,7 @@ from ..adapters import factory_takes
 from .bytes_worker import BYTES_FAULTS, BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
+from .exact import EXACT_FAULTS, ExactChecks
 from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
 
 
@@ -119,6 +120,10 @@ class VllmEngine:
             describe=lambda t: self.describe(t),
             fault=fault if fault in BYTES_FAULTS else None,
         )
+        self.exact = ExactChecks(
+            self, self.checks, self._ready, fault if fault in EXACT_FAULTS else None
+        )
+        self.front.exact = self.exact
         self.queue: list[_Batch] = []
         self.steps = 0
         self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
@@ -207,6 +212,9 @@ class VllmEngine:
             }
             self.worker.forward(dict(out.num_scheduled_tokens), computed)
             kv_output, stores = self.worker.report()
+            if out.preempted_req_ids:
+                self.exact.preempted(out.preempted_req_ids)
+            self.exact.after_schedule(self._unsettled() | _completed(kv_output))
             sampled = {}
             for req_id in out.num_scheduled_tokens:
                 req = self.sched.requests.get(req_id)
@@ -241,6 +249,14 @@ class VllmEngine:
         if self.setup.kv_events:  # with events off, nothing is announced, by design
             self.checks.check_events(self.cfg.external_hash)
 
+    def _unsettled(self) -> set[int]:
+        """Jobs the connector has not heard back about: in flight at the worker, or reported
+        in a batch whose output has not reached the scheduler yet."""
+        jobs = set(self.worker.in_flight)
+        for batch in self.queue:
+            jobs |= _completed(batch.kv_output)
+        return jobs
+
     def drain(self) -> None:
         """Process every queued batch (the engine waits for what it already executed)."""
         while self.queue:
@@ -258,3 +274,8 @@ class VllmEngine:
 
 
 SAMPLED_TOKEN = 7
+
+
+def _completed(kv_output: Any) -> set[int]:
+    meta = getattr(kv_output, "kv_connector_worker_meta", None)
+    return set(getattr(meta, "completed_jobs", None) or ())

@@ -53,6 +53,7 @@ class Front:
         self.calls: Counter = Counter()
         self.unchecked: set[str] = set()
         self._faulted = False
+        self.exact: Any = None  # exact.ExactChecks, where the engine set one
 
     @property
     def lock(self):
@@ -67,10 +68,16 @@ class Front:
         raw, self.adapter.raw = self.adapter.raw, None
         return None if raw is _NOT_ASKED else raw
 
+    def _named(self, call: str, req_context: Any) -> None:
+        if self.exact is not None:
+            self.exact.named(call, req_context)
+
     def lookup(self, key, req_context=None):
+        self._named("lookup", req_context)
         return self._through("lookup", key, req_context)
 
     def prepare_load(self, keys, req_context=None):
+        self._named("prepare_load", req_context)
         keys = list(keys)
         out = self._through("prepare_load", keys, req_context)
         self.checks.loaded(keys, out)
@@ -80,10 +87,13 @@ class Front:
         return self._through("complete_load", list(keys), req_context)
 
     def prepare_store(self, keys, req_context):
+        self._named("prepare_store", req_context)
         keys = list(keys)
         self.checks.offered(keys, req_context)
         out = self._through("prepare_store", keys, req_context)
         self.checks.prepared(keys, req_context, out)
+        if self.exact is not None:
+            self.exact.offered([bytes(k) for k in keys], req_context, out)
         return out
 
     def complete_store(self, keys, req_context=None, success: bool = True):
@@ -100,6 +110,13 @@ class Front:
         return None
 
     def on_new_request(self, req_context):
+        if self.fault == "skip_new_request":  # a connector that never tells the manager
+            from vllm.v1.kv_offload import base
+
+            make = getattr(base, "RequestOffloadingContext", None)
+            return make() if make is not None else None
+        if self.exact is not None:
+            self.exact.new_request(req_context)
         name = getattr(self.oracle, "name", None)
         if callable(name):  # a divergence names the request by its id
             name(req_context, str(getattr(req_context, "req_id", "?")))

@@ -1,0 +1,227 @@
+"""What the connector's scheduler side says and keeps, checked exactly (issue 30, items 2 and 3).
+
+- **hits exact**: the tokens ``get_num_new_matched_tokens`` reports as loadable are the longest
+  run of chunks, from the chunk that holds the first token not computed on the GPU, that the CPU
+  tier has ready at that moment, capped by the request's keyed chunks, its tokens and the
+  scheduler's ``max_num_new_tokens``, and 0 below one chunk (a deferral, ``None``, is not
+  judged: the connector defers while the request has transfers in flight or a chunk it would
+  load is being loaded);
+- **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
+  not answer ``None``) is not offered again by that request until it is preempted or the cache
+  is reset (a ``None`` leaves it to be offered again: a retry);
+- **told right**: the manager hears of a request (``on_new_request``) before any call names its
+  context, and the context says what the request is: its prompt's length, its tokens while it
+  runs, and each key at the position its chunk ends (where the release's context has these);
+- **nothing left behind**: after each step's metadata, the connector keeps per-request state
+  only for requests that are still running or still have transfers in flight, tracks only jobs
+  the worker has not reported, and pins GPU blocks and loading chunks only for such jobs.
+
+Known-bad connectors that break them (``EXACT_FAULTS``): ``phantom_hit`` (one more chunk
+reported than the tier holds), ``reoffer`` (the stored-chunk index never advances: every chunk
+offered again at every step), ``skip_new_request`` (``on_new_request`` never reaches the
+manager), ``keep_finished`` (a finished request's state is never dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .checks import Checks
+
+EXACT_FAULTS = ("phantom_hit", "reoffer", "skip_new_request", "keep_finished")
+
+
+class ExactChecks:
+    """Wraps the connector's scheduler side (instance attributes only) and checks it."""
+
+    def __init__(
+        self,
+        engine: Any,
+        checks: Checks,
+        is_ready: Callable[[bytes], bool],
+        fault: str | None = None,
+    ):
+        self.engine = engine
+        self.checks = checks
+        self.is_ready = is_ready
+        self.fault = fault
+        self.conn = engine.connector
+        self.chunk_tokens = engine.setup.block_size * engine.setup.blocks_per_chunk
+        self.epoch: dict[str, int] = {}  # req_id -> preemptions seen
+        self.accepted: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys
+        self.announced: set[str] = set()  # requests the manager heard of
+        self.stats = checks.stats
+        self._wrap()
+
+    # ------------------------------------------------------------------ wrapping
+    def _wrap(self) -> None:
+        conn = self.conn
+        original = conn.get_num_new_matched_tokens
+
+        def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
+            want = self._expected_hit(request, num_computed_tokens, *args, **kwargs)
+            got = original(request, num_computed_tokens, *args, **kwargs)
+            hit = got[0] if isinstance(got, tuple) else got
+            if self.fault == "phantom_hit" and hit:
+                hit += self.chunk_tokens
+                got = (hit, *got[1:]) if isinstance(got, tuple) else hit
+            self._judge_hit(request, num_computed_tokens, hit, want)
+            return got
+
+        conn.get_num_new_matched_tokens = get_num_new_matched_tokens
+        if self.fault == "reoffer" and hasattr(conn, "_req_status"):
+            build = conn._build_store_jobs
+
+            def _build_store_jobs(scheduler_output):
+                out = build(scheduler_output)
+                for status in conn._req_status.values():
+                    for group in getattr(status, "group_states", ()):
+                        group.next_stored_chunk_idx = 0
+                return out
+
+            conn._build_store_jobs = _build_store_jobs
+        if self.fault == "keep_finished" and hasattr(conn, "_req_status"):
+            conn._req_status = _NeverForgets(conn._req_status)
+
+    # ------------------------------------------------------------------ hits
+    def _keys(self, request: Any) -> list[bytes]:
+        bpc = self.engine.setup.blocks_per_chunk
+        return [
+            bytes(h) + b"\0\0\0\0" for i, h in enumerate(request.block_hashes) if (i + 1) % bpc == 0
+        ]
+
+    def _expected_hit(self, request, num_computed, max_num_new_tokens=None, *_, **kw) -> int:
+        max_num_new_tokens = kw.get("max_num_new_tokens", max_num_new_tokens)
+        keys = self._keys(request)
+        start = num_computed // self.chunk_tokens
+        ready = 0
+        for key in keys[start:]:
+            if not self.is_ready(key):
+                break
+            ready += 1
+        end = min(request.num_tokens, len(keys) * self.chunk_tokens)
+        if max_num_new_tokens is not None:
+            end = min(end, num_computed + max_num_new_tokens)
+        end = min(end, (start + ready) * self.chunk_tokens)
+        hit = end - num_computed
+        return hit if hit >= self.chunk_tokens else 0
+
+    def _judge_hit(self, request, num_computed, hit, want) -> None:
+        if hit is None:
+            self.stats["deferred lookups"] += 1
+            return
+        self.stats["hits judged"] += 1
+        if hit != want:
+            what = "phantom hit" if hit > want else "missed hit"
+            self.checks.fail(
+                f"{what}: the connector reported {hit} loadable token(s) for "
+                f"{request.request_id} after {num_computed} computed on the GPU, but the CPU "
+                f"tier can serve {want} then"
+            )
+
+    # ------------------------------------------------------------------ offers
+    def preempted(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.epoch[req_id] = self.epoch.get(req_id, 0) + 1
+
+    def new_request(self, ctx: Any) -> None:
+        self.announced.add(str(getattr(ctx, "req_id", "")))
+
+    def named(self, call: str, ctx: Any) -> None:
+        """A manager call with a request's context: the manager must have heard of it."""
+        if ctx is None:
+            return
+        req_id = str(getattr(ctx, "req_id", ""))
+        if req_id not in self.announced:
+            self.checks.fail(
+                f"the manager was asked {call} for {req_id} before on_new_request told it of "
+                "that request"
+            )
+
+    def offered(self, keys: list[bytes], ctx: Any, out: Any) -> None:
+        req_id = str(getattr(ctx, "req_id", ""))
+        self._told_right(keys, ctx, req_id)
+        if out is None:
+            return
+        who = (req_id, self.checks.generation, self.epoch.get(req_id, 0))
+        done = self.accepted.setdefault(who, set())
+        again = [k for k in keys if k in done]
+        if again:
+            self.checks.fail(
+                f"{req_id} offered {', '.join(self.checks.name(k) for k in again)} again, after "
+                "the manager accepted it, with no preemption or cache reset since"
+            )
+        done.update(keys)
+
+    def _told_right(self, keys: list[bytes], ctx: Any, req_id: str) -> None:
+        request = self.engine.sched.requests.get(req_id)
+        if request is None:
+            return
+        prompt = getattr(ctx, "num_prompt_tokens", None)
+        if prompt is not None and prompt != request.num_prompt_tokens:
+            self.checks.fail(
+                f"the manager's context says {req_id} has a prompt of {prompt} tokens; "
+                f"it has {request.num_prompt_tokens}"
+            )
+        position = getattr(ctx, "get_offload_key_position", None)
+        if position is None:
+            return
+        for key in keys:
+            prefix = self.engine.prefixes.get(key)
+            try:
+                at = position(key)
+            except Exception:
+                at = None
+            if prefix is not None and at is not None and at != len(prefix):
+                self.checks.fail(
+                    f"the manager's context puts {self.checks.name(key)} of {req_id} at "
+                    f"token {at}; its chunk ends at token {len(prefix)}"
+                )
+                return
+
+    # ------------------------------------------------------------------ state left behind
+    def after_schedule(self, in_flight: set[int]) -> None:
+        """After a step's metadata is built: what the connector keeps, and for whom."""
+        conn = self.conn
+        statuses = getattr(conn, "_req_status", None)
+        jobs = getattr(conn, "_jobs", None)
+        if statuses is None or jobs is None:
+            return
+        requests = self.engine.sched.requests
+        for req_id, status in list(statuses.items()):
+            request = requests.get(req_id)
+            live = request is not None and not request.is_finished()
+            if not live and not getattr(status, "transfer_jobs", None):
+                self.checks.fail(
+                    f"the connector still keeps {req_id}'s state after it finished and its "
+                    "transfers settled"
+                )
+                return
+        unknown = sorted(set(jobs) - in_flight)
+        if unknown:
+            self.checks.fail(
+                f"the connector still tracks job(s) {unknown} the worker has reported done"
+            )
+        pending = getattr(conn, "_block_id_to_pending_jobs", None) or {}
+        for block, ids in pending.items():
+            if not set(ids) <= set(jobs):
+                self.checks.fail(
+                    f"the connector fences GPU block {block} for job(s) it no longer tracks"
+                )
+                return
+        loading = getattr(conn, "_chunks_being_loaded", None) or set()
+        load_keys = {k for j in jobs.values() if not j.is_store for k in j.keys}
+        left = [k for k in loading if k not in load_keys]
+        if left:
+            self.checks.fail(
+                f"the connector marks {self.checks.name(bytes(left[0]))} as being loaded with "
+                "no load in flight"
+            )
+
+
+class _NeverForgets(dict):
+    """The connector's per-request map that drops nothing (fault ``keep_finished``)."""
+
+    def __delitem__(self, key):
+        return None
