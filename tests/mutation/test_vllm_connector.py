@@ -1,0 +1,48 @@
+"""kvgate's machines alone against a mutant of vLLM's offloading connector, scheduler side (the
+connector suites of ``python -m bench.connector_mutants``; docs/mutation.md).
+
+``KVGATE_CONNECTOR_MUTANT`` names the mutated file, loaded in place of the installed
+``vllm/distributed/kv_transfer/kv_connector/v1/offloading/scheduler.py`` before anything imports
+it (tests/mutation/vllm_yardstick.py); without it the release runs as installed (the suite's
+baseline). The target is the release with only its known defect mended
+(``KVGATE_MUTATION_TARGET``), so a failure here is a mutant caught. vLLM's scheduler machine is
+the one machine that runs the connector: under ``ci``, derandomized, stopping at the first
+failure; for 0.33.0 without a second cache reset before a step, where that release's own
+connector asserts (as in test_vllm_machines.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from tests.mutation import vllm_yardstick
+
+MUTANT = vllm_yardstick.install_mutant()
+
+from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - the mutant first
+from kvgate.properties.runner import run_machine  # noqa: E402
+from kvgate.properties.targets import resolve_target  # noqa: E402
+from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402
+from tests.mutation.test_vllm_machines import _without_back_to_back_resets  # noqa: E402
+
+PROFILE = "ci"
+EXAMPLES = 200
+SPEC = os.environ.get("KVGATE_MUTATION_TARGET", "vllm")
+
+
+def test_the_machine_sees_the_mutant():
+    import importlib
+
+    module = importlib.import_module(vllm_yardstick.MODULE)
+    if MUTANT is not None:
+        assert os.path.samefile(module.__file__, MUTANT), module.__file__
+
+
+def test_vllm_scheduler_machine_with_the_connector():
+    import vllm
+
+    machine = vllm_scheduler_machine.make_machine(resolve_target(SPEC))
+    if vllm.__version__ == "0.33.0":
+        machine = _without_back_to_back_resets(machine)
+    result = run_machine(machine, PROFILE, max_examples=EXAMPLES, phases=FIRST_FAILURE)
+    assert result.passed, result.message + "\n" + "\n".join(result.program)
