@@ -98,10 +98,11 @@ class OffloadingManager:
     def __init__(
         self,
         num_chunks: int,
-        cache_policy: str = "lru",
-        enable_events: bool = True,
+        *,
         store_threshold: int = 1,
         max_tracker_size: int = 64_000,
+        cache_policy: str = "lru",
+        enable_events: bool = True,
         recency: str = "touch",
     ):
         for name, value, low in (

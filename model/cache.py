@@ -94,11 +94,12 @@ class Model:
     def __init__(
         self,
         num_chunks: int,
-        policy: str = "lru",
+        *,
         store_threshold: int = 1,
         max_tracker_size: int = 64000,
-        recency: str = "touch",
+        policy: str = "lru",
         enable_events: bool = True,
+        recency: str = "touch",
         slots: dict | None = None,
         feed: str = "offer",
     ):

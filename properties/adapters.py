@@ -289,19 +289,35 @@ class NativeAdapter(Adapter):
 Factory = Callable[..., object]  # (num_chunks, cache_policy=, store_threshold=, ...)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Config:
     """One configuration a machine builds a target and a model with."""
 
     num_chunks: int
-    cache_policy: str = "lru"
     store_threshold: int = 1
     max_tracker_size: int = 64_000
+    cache_policy: str = "lru"
     enable_events: bool = True
     recency: str = "touch"
     # the policy named by its class and module (vLLM's out-of-tree way to load a policy,
     # ``cache_policy_module_path``) instead of its registered name; same policy, same model
     policy_by_path: bool = False
+
+
+def model_for(config: Config, **extra: Any) -> Any:
+    """The reference model built as ``config`` says (``extra``: the model's own settings,
+    ``slots`` and ``feed``)."""
+    from kvgate.model.cache import Model
+
+    return Model(
+        config.num_chunks,
+        store_threshold=config.store_threshold,
+        max_tracker_size=config.max_tracker_size,
+        policy=config.cache_policy,
+        enable_events=config.enable_events,
+        recency=config.recency,
+        **extra,
+    )
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ from hypothesis.stateful import (
 from kvgate.impl.base import make_key
 from kvgate.model.cache import Model
 
-from .adapters import Config, Target
+from .adapters import Config, Target, model_for
 from .contexts import Contexts
 from .offers import Handles
 from .oracle import EXACT_ONLY, LockstepManager, build
@@ -320,16 +320,8 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.handles = Handles()
         slots: dict = {}  # one record per request, whichever manager took it (Model.slots)
         for _ in range(instances):
-            model = Model(
-                config.num_chunks,
-                config.cache_policy,
-                config.store_threshold,
-                config.max_tracker_size,
-                config.recency,
-                config.enable_events,
-                slots,
-                feed=self.TARGET.feed,  # where the target's tracker counts (spec §3.2)
-            )
+            # slots: where the target's tracker counts (spec §3.2)
+            model = model_for(config, slots=slots, feed=self.TARGET.feed)
             adapter = build(self.TARGET, config, model)
             self.oracles.append(
                 LockstepManager(
@@ -364,14 +356,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     def _empty_twin(self, config: Config) -> LockstepManager:
         """The target and the model built as ``config`` says but with no chunks."""
         empty = dataclasses.replace(config, num_chunks=0)
-        model = Model(
-            0,
-            config.cache_policy,
-            config.store_threshold,
-            config.max_tracker_size,
-            config.recency,
-            config.enable_events,
-        )
+        model = model_for(empty)
         return LockstepManager(build(self.TARGET, empty, model), model, key_name=name_of)
 
     def _check_construction(self, config: Config):
@@ -385,7 +370,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         for name, value in BAD_CONFIGS:
             bad = Config(**{**good, name: value})
             try:
-                Model(bad.num_chunks, bad.cache_policy, bad.store_threshold, bad.max_tracker_size)
+                model_for(bad)
             except ValueError:
                 pass
             else:  # pragma: no cover - the table is wrong
@@ -849,13 +834,13 @@ def make_machine(target: Target, policies: tuple[str, ...] | None = None):
             finishes is followed by the next), so offers can begin at step one."""
             return self._configure(
                 Config(
-                    num_chunks,
-                    policy,
-                    store_threshold,
-                    max_tracker_size,
-                    enable_events,
-                    recency,
-                    policy_by_path,
+                    num_chunks=num_chunks,
+                    store_threshold=store_threshold,
+                    max_tracker_size=max_tracker_size,
+                    cache_policy=policy,
+                    enable_events=enable_events,
+                    recency=recency,
+                    policy_by_path=policy_by_path,
                 ),
                 instances,
                 layouts,

@@ -38,9 +38,8 @@ from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvgate.impl.scheduler import Request, RequestState, Scheduler
-from kvgate.model.cache import Model
 
-from .adapters import Config, Target
+from .adapters import Config, Target, model_for
 from .audit import Audit
 from .null_worker import NullWorker
 from .oracle import LockstepManager, fmt_key
@@ -126,10 +125,16 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     ):
         policy = self.policies[policy_index % len(self.policies)]
         recency = self.recencies[recency_index % len(self.recencies)]
-        config = Config(num_chunks, policy, threshold, tracker, True, recency)
+        config = Config(
+            num_chunks=num_chunks,
+            store_threshold=threshold,
+            max_tracker_size=tracker,
+            cache_policy=policy,
+            recency=recency,
+        )
         target = self.TARGET.make(config)  # an adapter
         self.threshold = threshold
-        self.model = Model(num_chunks, policy, threshold, tracker, recency)
+        self.model = model_for(config)
         self.oracle = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
         self.worker = self.worker_cls(
             delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True

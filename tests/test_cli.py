@@ -738,7 +738,9 @@ def test_adapter_tolerates_events_without_metadata_only_and_summarised_histogram
 
 def test_adapter_builds_with_vllm_constructor_names():
     target = resolve_vllm("vllm=tests.fake_vllm:FakeManager")
-    adapter = target.make(Config(3, "arc", 2, 5))
+    adapter = target.make(
+        Config(num_chunks=3, store_threshold=2, max_tracker_size=5, cache_policy="arc")
+    )
     assert adapter.manager._m.num_chunks == 3 and adapter.manager._m.cache_policy == "arc"
     assert adapter.manager._m.tracker is not None and adapter.manager._m._events is not None
     assert not target.foreign and target.policies == ("lru", "arc")

@@ -126,7 +126,7 @@ def test_resumed_request_reoffer_fails_on_recounting_variants(name, natural):
 def _checked(num_chunks=4, threshold=1, policy="lru", tracker=64_000, **kw):
     oracle = LockstepManager(
         NativeAdapter(_impl(num_chunks, policy, threshold, tracker)),
-        Model(num_chunks, policy, threshold, tracker),
+        Model(num_chunks, store_threshold=threshold, max_tracker_size=tracker, policy=policy),
     )
     worker = kw.pop("worker", None) or NullWorker(
         delay=kw.pop("delay", 1), blocks_per_chunk=kw.get("blocks_per_chunk", 1), track_data=True
@@ -267,7 +267,7 @@ def test_stored_chunks_hold_their_keys_data():
 
 def test_lockstep_names_the_step_and_the_call():
     oracle = LockstepManager(
-        NativeAdapter(EVERY_OFFER_COUNTS(4, store_threshold=2)), Model(4, "lru", 2, 64_000)
+        NativeAdapter(EVERY_OFFER_COUNTS(4, store_threshold=2)), Model(4, store_threshold=2)
     )
     sched = Scheduler(
         oracle, NullWorker(delay=1), block_size=2, on_step=oracle.set_step, **driver_hooks(oracle)
@@ -334,7 +334,7 @@ def test_lockstep_stats_no_metric_is_optional_by_silence(cls, foreign, agrees):
     threshold = 1 if cls is _InventsSkips else 2
     oracle = LockstepManager(
         NativeAdapter(cls(2, store_threshold=threshold)),
-        Model(2, "lru", threshold, 64_000),
+        Model(2, store_threshold=threshold),
         foreign=foreign,
     )
     ctx = ReqContext("r")
@@ -466,7 +466,9 @@ def test_scheduler_machine_checks_that_loads_bring_their_data():
 def test_the_audit_reads_the_oracles_record_of_offers_and_keeps_none_of_its_own():
     """One record of who offered what per machine: the audit over the oracle reads the
     oracle's; were it to record too, it would start the key's since-entry offerers over."""
-    oracle = LockstepManager(NativeAdapter(_impl(4, store_threshold=3)), Model(4, "lru", 3, 64_000))
+    oracle = LockstepManager(
+        NativeAdapter(_impl(4, store_threshold=3)), Model(4, store_threshold=3)
+    )
     audit = Audit(oracle, NullWorker(track_data=True), 3, data=True, offers=oracle.offers)
     key = make_key(b"a")
     for name in ("r", "s", "r"):

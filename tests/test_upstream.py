@@ -207,7 +207,7 @@ from kvgate.impl.base import make_key
 from kvgate.properties.adapters import Config
 from kvgate.properties.targets import resolve_target
 target = resolve_target("vllm")
-a = target.make(Config(2, "lru", 2, 4))
+a = target.make(Config(num_chunks=2, store_threshold=2, max_tracker_size=4))
 r1, r2 = a.new_context("r1"), a.new_context("r2")
 A, B, C = (make_key(n.encode()) for n in "ABC")
 first = a.prepare_store([A, B], r1)

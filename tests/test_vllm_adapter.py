@@ -24,7 +24,7 @@ def test_a_manager_without_touch_is_named_and_never_touched():
     target = resolve_vllm(NO_TOUCH)
     assert target.missing == frozenset({"touch"})
     assert "lacks touch (never drawn)" in target.note
-    adapter = target.make(Config(2, "lru", 2, 4))
+    adapter = target.make(Config(num_chunks=2, store_threshold=2, max_tracker_size=4))
     assert adapter.missing == frozenset({"touch"})
     with pytest.raises(TargetError, match="has no touch"):
         adapter.touch([make_key(b"A")], adapter.new_context("r"))
@@ -37,7 +37,9 @@ def test_a_manager_with_touch_lacks_nothing():
 
 
 def test_events_with_newer_fields_read_as_plain_events():
-    adapter = resolve_vllm(NO_TOUCH).make(Config(2, "lru", 1, 4))
+    adapter = resolve_vllm(NO_TOUCH).make(
+        Config(num_chunks=2, store_threshold=1, max_tracker_size=4)
+    )
     ctx = adapter.new_context("r")
     key = make_key(b"A")
     out = adapter.prepare_store([key], ctx)

@@ -109,7 +109,13 @@ def replay(
         trace = trace[: s.limit]
     recency = tgt.recencies[0]
     manager = tgt.make(
-        Config(s.num_chunks, policy, s.store_threshold, s.max_tracker_size, True, recency)
+        Config(
+            num_chunks=s.num_chunks,
+            store_threshold=s.store_threshold,
+            max_tracker_size=s.max_tracker_size,
+            cache_policy=policy,
+            recency=recency,
+        )
     )
     oracle = None
     if check:
@@ -117,7 +123,13 @@ def replay(
 
         oracle = LockstepManager(
             manager,
-            Model(s.num_chunks, policy, s.store_threshold, s.max_tracker_size, recency),
+            Model(
+                s.num_chunks,
+                store_threshold=s.store_threshold,
+                max_tracker_size=s.max_tracker_size,
+                policy=policy,
+                recency=recency,
+            ),
             foreign=getattr(tgt, "foreign", False),
         )
         manager = oracle

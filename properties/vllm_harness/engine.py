@@ -58,7 +58,7 @@ class VllmEngine:
         from vllm.v1.structured_output import StructuredOutputManager
 
         if target is None:
-            from .targets import resolve_target
+            from ..targets import resolve_target
 
             target = resolve_target("vllm")
         cfg = configs()
