@@ -244,7 +244,9 @@ class NativeAdapter(Adapter):
         out = self._call("prepare_store", list(keys), ctx)
         if out is None:
             return None
-        return (list(out.keys_to_store), [int(i) for i in out.store_spec], list(out.evicted_keys))
+        return StoreAnswer(
+            list(out.keys_to_store), [int(i) for i in out.store_spec], list(out.evicted_keys)
+        )
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self._call("complete_store", list(keys), ctx, success=success)
@@ -276,17 +278,32 @@ class NativeAdapter(Adapter):
         fn = getattr(self.manager, "policy_state", None)
         return fn() if callable(fn) else None
 
-    def resident(self, key: bytes) -> tuple[int, int] | None:
+    def resident(self, key: bytes) -> Residency | None:
         """``(chunk id, ref count)`` of a resident key, ``None`` for an absent one; raises
         ``AttributeError`` when the manager has no inspection helpers."""
         chunk = self.manager.chunk_of(key)
-        return None if chunk is None else (chunk, self.manager.ref_count(key))
+        return None if chunk is None else Residency(chunk, self.manager.ref_count(key))
 
     def inspectable(self) -> bool:
         return all(callable(getattr(self.manager, n, None)) for n in ("chunk_of", "ref_count"))
 
 
 Factory = Callable[..., object]  # (num_chunks, cache_policy=, store_threshold=, ...)
+
+
+class StoreAnswer(NamedTuple):
+    """An adapter's answer to ``prepare_store`` that admitted (``None`` when it refused)."""
+
+    keys: list  # the keys to store, in the target's order
+    chunk_ids: list[int]  # the chunk each of them goes to
+    evicted: list  # the keys evicted to make room
+
+
+class Residency(NamedTuple):
+    """Where a resident key sits (``adapter.resident(key)``)."""
+
+    chunk: int
+    ref: int  # the chunk's reference count: loads in flight
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -56,6 +56,8 @@ from ..adapters import (
     Adapter,
     BadAnswer,
     Event,
+    Residency,
+    StoreAnswer,
     Target,
     TargetError,
     check_interface,
@@ -316,7 +318,9 @@ class VllmAdapter(Adapter):
         out = self._call("prepare_store", self._keys(keys), ctx)
         if out is None:
             return None
-        return (self._backs(out.keys_to_store), _ids(out.store_spec), self._backs(out.evicted_keys))
+        return StoreAnswer(
+            self._backs(out.keys_to_store), _ids(out.store_spec), self._backs(out.evicted_keys)
+        )
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         self._call("complete_store", self._keys(keys), ctx, success=success)
@@ -407,14 +411,14 @@ class VllmAdapter(Adapter):
             return None
         return [(self._back(k), int(c)) for k, c in counts.items()]
 
-    def resident(self, key: bytes) -> tuple[int, int] | None:
+    def resident(self, key: bytes) -> Residency | None:
         chunk = self._policy.get(self._key(key))
         if chunk is None:
             return None
         chunk_id = getattr(chunk, "chunk_id", None)
         if chunk_id is None:
             chunk_id = getattr(chunk, OLDER_NAMES["chunk_id"])
-        return int(chunk_id), int(chunk.ref_cnt)
+        return Residency(int(chunk_id), int(chunk.ref_cnt))
 
     def inspectable(self) -> bool:
         return not self.uninspectable()
