@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import subprocess
@@ -134,10 +135,107 @@ DEFECTS = {
     ),
     "skip overcount": (
         "[A5](spec.md#a5): a skip counts once per request and generation",
-        "Every offer's skipped keys are added to the metric again (and keys already resident "
-        "are counted as skipped), where the seed counts a key's skip once per request.",
+        "Every offer's skipped keys are added to the metric again, where the seed counts a "
+        "key's skip once per request: one request offering a cold key twice reads 2.",
     ),
 }
+
+
+# Each defect's witness: the smallest scripted case of the rule it breaks, run through kvgate's
+# oracle in the release's environment (so by its adapter, with what the adapter learnt: where
+# the tracker counts, which calls exist). A divergence means the release has the defect; the
+# gate's counterexample shows only the first one its search met, the witnesses each one. A
+# "count" is a lookup where the tracker is fed at lookups, else an offer (spec §3.2).
+WITNESSES = r"""
+import json
+from kvgate.impl.base import make_key
+from kvgate.model.cache import Model
+from kvgate.properties.adapters import Config, TargetError
+from kvgate.properties.oracle import Divergence, LockstepManager
+from kvgate.properties.targets import resolve_target
+
+try:
+    target = resolve_target("vllm")
+except TargetError as exc:
+    print(json.dumps({"error": str(exc)}))
+    raise SystemExit(0)
+A, B = make_key(b"A"), make_key(b"B")
+
+
+def run(script, threshold, tracker=64000, stats=False):
+    if stats and "get_stats" in target.missing:
+        return None  # the metric cannot be read: not judged
+    config = Config(num_chunks=4, store_threshold=threshold, max_tracker_size=tracker)
+    model = Model(
+        4,
+        store_threshold=threshold,
+        max_tracker_size=tracker,
+        recency=target.recencies[0],
+        feed=target.feed,
+    )
+    o = LockstepManager(target.make(config), model, foreign=target.foreign)
+    ctx = [o.new_context(f"r{i}") for i in range(3)]
+
+    def count(key, c):
+        if target.feed == "lookup":
+            o.lookup(key, c)
+            return None
+        return o.prepare_store([key], c)
+
+    try:
+        script(o, ctx, count)
+    except Divergence as d:
+        return str(d).splitlines()[0]
+    return False
+
+
+def counts_twice(o, ctx, count):  # A2: one request, the same key, twice
+    count(A, ctx[0])
+    count(A, ctx[0])
+    o.check_state()
+    o.prepare_store([A], ctx[1])
+
+
+def skips_twice(o, ctx, count):  # A5: one request skipped twice on one key
+    o.prepare_store([A], ctx[0])
+    o.prepare_store([A], ctx[0])
+    o.get_stats()
+
+
+def skip_after_admit(o, ctx, count):  # A5: a later offer's first skip, after an admission
+    count(A, ctx[1])
+    out = count(A, ctx[0])  # a second request: A reaches 2
+    if target.feed == "lookup":
+        out = o.prepare_store([A], ctx[0])
+    if out and out[0]:  # admitted, and its store fails: A leaves the cache
+        o.complete_store(out[0], ctx[0], success=False)
+    count(B, ctx[2])  # a tracker of one key lets A go
+    o.prepare_store([A], ctx[0])
+    o.get_stats()
+
+
+print(json.dumps({
+    "counts every " + target.feed: run(counts_twice, 2),
+    "skip overcount": run(skips_twice, 3, stats=True),
+    "skip undercount": run(skip_after_admit, 2, tracker=1, stats=True),
+}))
+"""
+
+
+def witnesses(python: Path) -> dict:
+    """Which defects the release has, by witness: defect -> True, False or None (not judged)."""
+    done = run_python(python, "-c", WITNESSES)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{python}: the witnesses failed: {done.stderr[-2000:]}")
+    found = json.loads(lines[-1])
+    if "error" in found:
+        return {}
+    return {
+        defect: None if got is None else bool(got)
+        for defect, got in found.items()
+        if defect in DEFECTS or defect.startswith("counts every")
+    }
 
 
 def defect_of(facts: dict, note: str) -> str:
@@ -171,6 +269,7 @@ def gate(version: str, python: Path) -> dict:
     runs = re.findall(r"^(PASS|FAIL|ERROR) +([\w-]+) x ", out, re.MULTILINE)
     return dict(
         facts,
+        has=witnesses(python),
         version=version,
         code=done.returncode,
         seconds=seconds,
@@ -197,21 +296,25 @@ def page(results: list[dict]) -> str:
     for r in results:
         verdict = {0: "passes", 1: "fails", 2: "not judged"}.get(r["code"], f"exit {r['code']}")
         rule = DEFECTS[r["defect"]][0] if r["defect"] else (r["why"] or r["line"] or "-")
+        also = ", ".join(d for d, yes in r["has"].items() if yes) or "-"
         rows.append(
             f"| {r['version']} | {manager_of(r['note'])} | {found_of(r['note'])} | "
-            f"{verdict} (exit {r['code']}) | {rule} | {r['steps'] or '-'} | {r['seconds']:.1f} |"
+            f"{verdict} (exit {r['code']}) | {rule} | {r['steps'] or '-'} | {r['seconds']:.1f} "
+            f"| {also} |"
         )
     gone = []
     for defect in DEFECTS:
-        having = [r["version"] for r in results if r["defect"] == defect]
+        having = [r["version"] for r in results if r["has"].get(defect)]
         if not having:
             continue
         last = having[-1]
-        later = [r for r in results if _key(r["version"]) > _key(last) and r["code"] in (0, 1)]
-        fixed = next((r["version"] for r in later if r["defect"] != defect), None)
+        later = [r for r in results if _key(r["version"]) > _key(last)]
+        fixed = next((r["version"] for r in later if r["has"].get(defect) is False), None)
+        unjudged = [r["version"] for r in results if r["has"] and r["has"].get(defect) is None]
         gone.append(
-            f"| {defect} | {DEFECTS[defect][0]} | {having[0]} to {last} | "
+            f"| {defect} | {DEFECTS[defect][0]} | {', '.join(having)} | "
             f"{fixed or 'not gone yet'} |"
+            + (f" not judged on {', '.join(unjudged)} (no metric) |" if unjudged else " |")
         )
     sections = []
     for r in results:
@@ -246,14 +349,18 @@ def page(results: list[dict]) -> str:
             "[§10](spec.md#s10)); the rules it holds every release to are the seed's.",
             "",
             "| release | manager | what the adapter found | verdict | rule broken | steps | "
-            "seconds |",
-            "|---|---|---|---|---|---:|---:|",
+            "seconds | defects (witnesses) |",
+            "|---|---|---|---|---|---:|---:|---|",
             *rows,
             "",
-            "Each defect, the releases that have it, and the first release in which it is gone:",
+            "Each defect, the releases that have it, and the first release in which it is gone. "
+            "The gate stops at its first counterexample, so a release can have more defects than "
+            "its row shows; these columns come from each defect's *witness*, the smallest "
+            "scripted case of the rule it breaks, run through the same adapter and oracle in "
+            "each release's environment (`WITNESSES` in docs/make_releases.py):",
             "",
-            "| defect | rule | releases | gone in |",
-            "|---|---|---|---|",
+            "| defect | rule | releases whose witness diverges | gone in | |",
+            "|---|---|---|---|---|",
             *gone,
             "",
             *sections,
