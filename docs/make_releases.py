@@ -189,20 +189,20 @@ def run(script, threshold, tracker=64000, stats=False):
     return False
 
 
-def counts_twice(o, ctx, count):  # A2: one request, the same key, twice
+def counts_twice(o, ctx, count):  # spec A2: one request, the same key, twice
     count(A, ctx[0])
     count(A, ctx[0])
     o.check_state()
     o.prepare_store([A], ctx[1])
 
 
-def skips_twice(o, ctx, count):  # A5: one request skipped twice on one key
+def skips_twice(o, ctx, count):  # spec A5: one request skipped twice on one key
     o.prepare_store([A], ctx[0])
     o.prepare_store([A], ctx[0])
     o.get_stats()
 
 
-def skip_after_admit(o, ctx, count):  # A5: a later offer's first skip, after an admission
+def skip_after_admit(o, ctx, count):  # spec A5: a later offer's first skip, after an admission
     count(A, ctx[1])
     out = count(A, ctx[0])  # a second request: A reaches 2
     if target.feed == "lookup":

@@ -698,7 +698,7 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
                 f"be modelled; check it as foreign={spec}"
             )
     # A vLLM policy without the request-scoped hooks (releases before 0.33.0) learns recency
-    # its own way, which the spec does not describe for vLLM (§4.7 documents the
+    # its own way, which the spec does not describe for vLLM (spec §4.7 documents the
     # request-scoped one): its evictions and chunk ids are its own choices, checked for
     # legality and adopted (spec §9); the admission rule is still compared exactly.
     adopted = not foreign and recency == "touch"
