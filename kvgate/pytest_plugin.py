@@ -433,6 +433,7 @@ def _items(parent, name: str, g: Gate) -> list[GateItem]:
         )
         item.case = c
         item.add_marker(pytest.mark.kvgate)
+        item.add_marker(pytest.mark.hypothesis)  # a Hypothesis test (`-m hypothesis`, HypoFuzz)
         if c.left_out:
             item.add_marker(pytest.mark.skip(reason=f"left out: {c.machine} ({c.left_out})"))
         items.append(item)
