@@ -1,25 +1,6 @@
 """Table 1: how fast the manager-vs-model machine finds each catalogued known-bad manager.
 
-For each variant of ``properties.catalogue.managers.MUTANTS``, under the ``ci`` profile's
-settings with a seed (so not derandomized: each seed draws other examples):
-
-- **time and examples to the first failure**: a run without shrinking
-  (``phases=[explicit, reuse, generate]``), over ``seeds`` seeds. The time runs from the call
-  to the end of the first failing example (its ``teardown``), so Hypothesis's replay of that
-  example for the report is not counted; ``examples`` counts the failing one. Both wall time
-  (``time.perf_counter``) and this process's CPU time (``time.process_time``, which other
-  processes on a shared machine do not inflate) are kept. The length of that first failing
-  example (its steps, unshrunk) comes for free.
-- **shrunk length**: the steps of the counterexample Hypothesis prints after shrinking, over
-  the first ``shrink_seeds`` seeds only, since shrinking takes seconds to tens of seconds per
-  run. Hypothesis's explain phase is left out (it only annotates the printed example; it does
-  not change it), and shrinking may be cut off after ``shrink_cap`` seconds (Hypothesis's own
-  shrinking deadline, lowered for the run): a cut-off length is an upper bound, marked ``*``.
-
-Medians are over the seeds that found the bug; a variant not found under a seed is counted in
-the ``found`` column. The goal: a median time to the first failure under 2 seconds.
-
-    python -m bench.bug_finding [--quick] [--seeds N] [--shrink-seeds N] [--shrink-cap S]
+How it works and why: docs/internals.md, section bench/bug_finding.py.
 """
 
 from __future__ import annotations

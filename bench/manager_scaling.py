@@ -1,40 +1,6 @@
 """Per-call cost of ``prepare_store`` on a small and on a large manager, and their ratio.
 
-Two comparisons, each measured in one run with the two sides interleaved round by round. Each
-side's time is its best round (the least disturbed one on a shared machine); the ratio judged
-against the goal is the median over rounds of (large / small) in the same round, which is
-steadier than a ratio of two minimums when the machine's load changes:
-
-1. ``store_threshold=1``: a 100-chunk manager against a 100,000-chunk one. Every offer is 10
-   fresh keys; every store is completed at once, so once the cache is full (it is filled before
-   timing) each offer evicts 10 idle chunks.
-2. ``store_threshold=2``: a 100-key tracker against a 64,000-key one (both full before timing),
-   on 1,000 chunks. Every batch of 10 fresh keys is offered by two requests: the first offer
-   counts the keys (all skipped, 10 tracker keys pushed out), the second admits and stores them
-   (10 evictions). Both offers are timed.
-
-Only ``prepare_store`` is timed; key generation, contexts and ``complete_store`` are not. The
-goal is a large/small ratio of at most 1.5: the cost of an offer must not grow with the size of
-the cache or of the tracker. Next to each time, the number of function calls one
-``prepare_store`` makes (counted with ``sys.setprofile``, outside the timed rounds): equal counts
-on both sides mean equal work, so what is left of the ratio is memory (a large cache's
-dictionaries do not fit in the CPU caches) and, on a shared machine, other processes. For that
-memory effect the first comparison also prints a floor: a bare ``OrderedDict`` of key -> entry,
-the manager's layout (10 evictions of cold keys, 10 inserts) on 100 and on 100,000 keys, no
-manager code. (The manager once kept chunk ids and ref counts in two more dictionaries beside
-the policy's order; every eviction then touched three large maps and the ratio was 1.7-2.0.)
-
-vLLM's ``CPUOffloadingManager`` is measured the same way, beside impl: for each vLLM release
-whose environment is built (``bench.release_envs``: ``.ci/vllm-releases.txt``, under
-``KVGATE_VLLM_ENVS`` or ``<repo>/.vllm``), a child process in that release's python builds both
-comparisons for impl and for that release's manager (its own keys from ``make_offload_key`` and
-its own ``ReqContext``) and plays the four sides interleaved, round by round; the table puts
-impl and each release side by side, each release's row beside the impl row of its own process.
-After each offer (untimed) the store is completed through the offer's context, the events are
-drained and the request is finished, the same for every manager.
-
-    python bench/manager_scaling.py           # the default run
-    python bench/manager_scaling.py --quick   # fewer rounds
+How it works and why: docs/internals.md, section bench/manager_scaling.py.
 """
 
 from __future__ import annotations

@@ -1,41 +1,7 @@
 """Table 3: operations per second of impl's manager on a fixed trace, and of vLLM's where it
 can be imported.
 
-The trace is generated once from a seeded ``random.Random`` and replayed, unchanged, into a
-fresh manager of each kind (10,000 chunks, ``store_threshold=2``, a tracker of 64,000 keys).
-It reads like a scheduler at work on many requests for a Zipf-ish set of documents (a few are
-asked for again and again, most once): each request looks up the first keys of its document
-and loads the ones that hit, then offers its keys a few at a time; some offers are retried by
-the next step through the same context, some requests are preempted and re-offer everything
-from the first key; stores complete (one in twenty fails), loads complete, hot keys are
-touched, events are drained and stats read now and then, requests finish.
-
-Each trace entry is one manager call. Two kinds of entry depend on the manager's answers, the
-same way for every manager: ``complete_store`` completes the oldest store still in flight (none:
-no call), and ``load`` loads the keys the lookups just before it found ``HIT`` (none: no call).
-The ops/s figure divides the calls actually made by the replay's wall time (best of
-``repeats`` replays, each into a fresh manager). Keys, contexts and the trace are built before
-the clock starts; the replay loop itself is the same for every manager.
-
-vLLM's ``CPUOffloadingManager`` is called directly with its own key and context types (built
-with ``properties.vllm_harness.adapter``'s types and constructor factory), so the adapter's key
-translation is not in its time. ``--vllm vllm=MODULE:ATTR`` replays into any class with
-vLLM's interface instead (``tests.fake_vllm:FakeManager`` exercises the path without vLLM).
-
-Each vLLM release lives in its own environment (``bench.release_envs``: the releases of
-``.ci/vllm-releases.txt`` under ``KVGATE_VLLM_ENVS`` or ``<repo>/.vllm``). With ``--vllm vllm``
-and at least one release environment built, each release is measured by a child process run in
-that release's python, which imports this tree's kvgate and replays the same trace into impl and
-into the release's manager, interleaved, exactly as in-process; the child prints its rows as
-JSON and the table gathers them, one impl/vLLM ratio per release and policy, each from one
-process. With no release environment, vLLM is imported in this process (or a line says why it
-is not measured).
-
-A manager without ``touch`` (vLLM 0.34.0 removed it) is not sent the trace's touch entries: for
-it they make no call, and the table says so. Every row's ops/s divides the calls that manager
-was actually sent, and the calls table lists them per operation.
-
-    python -m bench.manager_speed [--quick] [--vllm SPEC]
+How it works and why: docs/internals.md, section bench/manager_speed.py.
 """
 
 from __future__ import annotations

@@ -1,29 +1,7 @@
 """Every benchmark, one command: prints six tables, each with its goal, and can write them to a
 results file with the date and a description of the machine.
 
-    python -m bench                                  # all six tables (about 15 minutes)
-    python -m bench --quick                          # shorter runs of the same tables
-    python -m bench --out bench/results/DATE.md      # also write the tables to a file
-
-1. Bug finding (bench/bug_finding.py): time, examples and steps to the first failure of each
-   catalogued known-bad manager, and the shrunk length; goal: a median under 2 s each.
-2. Machine throughput (bench/throughput.py): steps per second of each machine on impl, and
-   where the time goes; goal: the manager-vs-model machine at 1,000 steps/s or more; and the
-   default gate's wall time on impl (``CI=true kvgate check``); goal: under 40 s.
-3. Manager speed (bench/manager_speed.py): ops/s of impl's manager on a fixed trace, and of
-   vLLM's where vLLM can be imported; goal: impl / vLLM >= 1.0.
-4. Copy bandwidth (bench/worker_bandwidth.py): the worker's copy against the fastest plain torch
-   copy of the same bytes and a memory-bandwidth bound; goal: 0.9 or more of the fastest.
-5. Scaling (bench/manager_scaling.py): ``prepare_store`` per call at 100 and 100,000 chunks,
-   and with trackers of 100 and 64,000 keys (that script's goal: large / small <= 1.5).
-6. Mutation score (bench/mutation.py): mutmut's mutants of impl, and of each gated vLLM
-   release's own manager and policies, killed by the state machines alone, as recorded in
-   bench/results/mutation.json (``--mutation-run``: run mutmut's manager suite first, about ten
-   minutes); goals: 97% of the non-equivalent mutants (manager suite), 95% (worker and vLLM
-   suites).
-
-Timings are wall-clock (``time.perf_counter``) unless a column says CPU; on a shared machine
-the load average is recorded next to them. Nothing here is asserted: the goals are reported.
+How it works and why: docs/internals.md, section bench/run_all.py.
 """
 
 from __future__ import annotations

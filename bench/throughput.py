@@ -1,27 +1,6 @@
 """Table 2: how fast the state machines run on impl, and where their time goes.
 
-Each machine runs twice under the ``ci`` profile (derandomized, so both runs draw the same
-examples): once as it stands, for steps per second, and once with timing proxies around the
-objects it drives, for the split. A proxy times every method call on the object it wraps;
-the timing is *exclusive* (a call's time minus the time of the timed calls made inside it), so
-no second is counted twice. What no proxy covers is Hypothesis (drawing, bundles, reporting)
-plus the machine's own glue (comparisons, history, labels) and the proxies' own cost.
-
-- manager machine: ``model`` (model.cache.Model), ``target`` (the adapter and impl's manager
-  behind it) and the oracle's comparisons (``lockstep comparisons``, counted as glue);
-- scheduler machine: ``model``, ``target`` = impl's manager + the scheduler driver and its
-  NullWorker, the oracle's comparisons counted apart;
-- worker machine: ``target`` = impl's OffloadWorker, ``model`` = the byte model (the helpers that
-  update what every byte should hold, and the invariant comparing them);
-- vLLM scheduler machine (``properties/vllm_harness/machine.py``), one row per release
-  environment that is built (``bench/release_envs.py``), not split: steps per second on
-  0.34.0 with its skip count mended (a passing run), and in the notes, per release, the
-  seconds to find a counterexample (the generate phase alone) and to shrink it.
-
-Below the table: the default gate's wall time, ``CI=true kvgate check`` end to end in a fresh
-process (impl, both policies, every machine that applies; goal under 40 s).
-
-    python -m bench.throughput [--quick]
+How it works and why: docs/internals.md, section bench/throughput.py.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """Copy bandwidth of the offload worker against the fastest plain torch copy of the same bytes.
 
-Each case moves the pages of ``n`` blocks of every layer, GPU -> CPU (store) or CPU -> GPU
-(load), with contiguous ids (consecutive blocks into consecutive chunks) or scattered ones
-(random blocks, random chunks). Timed, interleaved round by round in one run, in a new
-(seeded) order each round, each timed batch after one untimed call (so no copy is timed on the
-caches another copy left), median of the rounds for each:
-
-- worker, copy alone: ``worker._copy_cpu(job)`` (``_copy_cuda`` + a synchronize on CUDA) of a
-  job built once: the worker's own planning of the copy (runs, views) and the copy; no argument
-  or hazard checks, no job queue.
-- worker, whole call: ``submit_store`` / ``submit_load`` and the ``get_finished`` that reports it.
-- plain candidates, every one given its index tensors / views ready-made (outside the timing),
-  on ``int64`` words of the same pages, from the same source rows into the same destination rows:
-  ``index ops`` (one ``index_copy_`` or ``index_select(out=)`` where one side is contiguous, else
-  ``index_select`` into a buffer and ``index_copy_``), ``dst[ids] = src[ids2]`` (advanced
-  indexing), ``_foreach_copy_`` of row views, per-row ``copy_`` of row views, and ``runs as
-  slices`` (each run of consecutive id pairs copied as one slice: the runs are found beforehand,
-  the slices are taken in the timed call, as ``dst[a:b].copy_(src[c:d])`` is written). A
-  candidate that cannot run on the device (or copies wrong bytes) is left out of that case.
-- memory bound: one contiguous ``copy_`` of the same number of bytes.
-
-The ratios are worker / fastest plain candidate (named in the table) and worker / memory bound,
-both measured in this run. The goal (>= 0.9) is judged on the copy alone.
-
-    python bench/worker_bandwidth.py            # the default matrix
-    python bench/worker_bandwidth.py --quick    # fewer rounds
-    python bench/worker_bandwidth.py --device cuda   # pinned CPU tier, non-blocking copies
+How it works and why: docs/internals.md, section bench/worker_bandwidth.py.
 """
 
 from __future__ import annotations

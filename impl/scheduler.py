@@ -1,65 +1,6 @@
 """The scheduler driver: where offers, retries, preemptions, resets and loads come from.
 
-Spec §7. ``Scheduler`` plays the engine's side of the offloading manager, step by step:
-
-- A ``Request`` is a prompt cut into blocks of ``block_size`` tokens with chained block hashes
-  (``block_hashes_of``), or, for a trace, the prefix block ids it came with. One key per chunk
-  of ``blocks_per_chunk`` blocks, named after the chunk's last block hash.
-- Per request and step, one offer (``prepare_store``) of the keys from the request's **store
-  position** to its last complete chunk. ``None``: the allocation-failure counter goes up, the
-  position stays, and the same keys (plus newer ones) are offered again at the request's next
-  step, and once more in the step after it finishes; then ``on_request_finished``. Success: the
-  position moves past every offered key, and a store job for the admitted keys goes to the
-  worker; its completion, one or more steps later, becomes ``complete_store``.
-- Preemption flushes the request's jobs (waits for them and delivers their completions), frees
-  its GPU blocks, and, when it resumes, restarts its stores at chunk 0 through the same context.
-- Reset flushes every job, calls ``reset_cache()``, restarts every active request's stores at
-  chunk 0, and drops every completion of a job issued before it: none reaches the manager.
-- Loads: a request that is scheduled from the waiting queue looks its prefix up chunk by chunk
-  and stops at the first ``MISS``; a ``HIT_PENDING`` defers it to a later step; hits are
-  touched (unless the driver was told the manager has no ``touch``), pinned with
-  ``prepare_load``, copied by a load job, and released with ``complete_load`` when the job
-  completes. The request runs once its load is done.
-- Key positions: when a request is added, each of its keys gets its position on the request's
-  context, the token index just past the key's chunk (``(i + 1) * chunk_tokens`` for chunk
-  ``i``), as an engine's scheduler records them, so a manager can order a request's keys.
-
-The manager speaks kvgate's interface (``impl/base.py``: ``LookupResult``, ``PrepareStoreOutput``
-with plain chunk ids); a foreign manager reaches the driver only through a target adapter that
-answers in those types. What the driver needs beside the protocol calls it is handed, never
-looks for on the manager: ``new_context(req_id)`` makes a request's context (``ReqContext`` by
-default; an adapter's, for a manager with a context type of its own), ``set_position(ctx, key,
-end_token)`` records a key's position on it (the context's ``set_offload_key_position`` by
-default; an adapter's, which translates the key), ``stats_dict(answer)`` turns ``get_stats()``'s
-answer into a metric-name dict (``Stats.as_dict`` by default; ``dict`` for an adapter, which
-answers one), and ``touch=False`` says the manager has no ``touch``. The worker is any object with
-``submit_store(job_id, gpu_blocks, chunk_ids, offset=0)``, ``submit_load(job_id, chunk_ids,
-gpu_blocks, offset=0)``, ``get_finished()`` and ``wait(job_ids)`` (``impl.worker``'s GPU-copy
-worker; the harness's ``properties.null_worker.NullWorker``); ``advance()`` is called at the
-start of each step and ``write_gpu(block, data)`` when compute writes a block, if the worker
-has them.
-
-Choices where the spec is silent (written down here, tested in ``tests/test_scheduler.py``):
-
-- No GPU prefix cache: every request owns its GPU blocks; the CPU tier serves all reuse.
-- A request may load at most ``(prompt_tokens - 1) // chunk_tokens`` chunks: at least one
-  prompt token is always computed, as an engine needs one to sample from.
-- A request's stores start at chunk 0 also after a load: its loaded keys are resident, so the
-  offer only refreshes them (and counts them toward the threshold, as any reuse does).
-- A load and a store of one request are never in flight for the same key; a finished request's
-  context and GPU blocks are kept until its last job has completed.
-- A failed load is released with ``complete_load`` like any other, and the request recomputes
-  its prompt from token 0.
-- Decode tokens are not hashed: only prompt blocks are offered.
-- Scheduling: running requests first, in admission order, each a prefill chunk or one decode
-  token within the step's token budget; a running request short of GPU blocks preempts the
-  latest running request (possibly itself); waiting requests are admitted in order while
-  slots, budget and blocks allow, never by preemption, and not at all in a step that
-  preempted. A request that could never fit in the GPU blocks is refused by ``add_request``.
-- A reset restarts the stores of running, loading and finishing requests at chunk 0 (waiting
-  and held ones are at 0 already); a finishing request's last offer then covers all its chunks.
-- The finish-time offer is made only when the request has keys past its store position (its
-  last offer failed, or it finished before its newest chunks were offered).
+How it works and why: docs/internals.md, section impl/scheduler.py.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """kvgate: a property-based verification harness for KV-cache offloading managers.
 
-One import namespace. The tool itself (the ``kvgate`` command: ``kvgate.cli`` and what it
-writes and replays) lives in this folder; the three parts it checks against each other keep
-their own top-level folders and are importable only as parts of this package:
-
-- ``kvgate.model``: the reference model (``model/``), plain Python;
-- ``kvgate.impl``: the system under test (``impl/``): manager, policies, worker, scheduler driver;
-- ``kvgate.properties``: what is checked and how (``properties/``): the lockstep oracle, state
-  machines, targets and adapters, the catalogue of known-bad variants.
-
-How a name resolves (this is the one account of it):
-
-- installed (a wheel, or ``pip install -e .``): setuptools' ``package-dir`` maps the three names
-  onto the three folders;
-- a tree where the three are real subfolders of ``kvgate/`` (the staged copy that
-  ``bench.mutation`` gives mutmut): ordinary packages;
-- a plain source tree that was never installed (a checkout, a copy of one): the finder below
-  maps exactly ``kvgate.model``, ``kvgate.impl`` and ``kvgate.properties`` onto the folders
-  beside this one, and nothing else (no ``kvgate.tests``, ``kvgate.bench`` or ``kvgate.kvgate``).
-
-Each of the three packages refuses to be imported under another name (``import impl`` from the
-tree's root), so that no module is ever loaded twice, as two copies of every class in it.
+How it works and why: docs/internals.md, section kvgate/__init__.py.
 """
 
 from __future__ import annotations

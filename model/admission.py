@@ -1,24 +1,6 @@
 """The admission rule (spec §3, A1-A6) as one pure function.
 
-Plain values in, new plain values out; no argument is mutated. ``Model.prepare_store`` calls it
-first, and CrossHair checks the ``pre:``/``post:`` lines below.
-
-A key the tracker does not hold enters with count 1 whether or not this request counted it
-before (spec A2): the tracker forgot the earlier count, so that 1 is the only count the
-request holds, and one request never takes a key from 0 to 2. A tracked key counts once per
-request and generation (``counted``); its skip is counted once per request and generation, at
-the first offer that skips it (``skipped``, spec A5), whatever the request counted before.
-
-Choices where the spec is silent:
-
-- A key that cannot enter the tracker (it is full and every tracked key is in the offer) is not
-  tracked (count 0) but still goes into ``counted``; its next offer tries to enter it again.
-- Below threshold 2 the tracker and both records come back untouched (the tracker stays empty).
-
-Where the tracker is fed is the target's choice (spec §3.2): at offers (``count=True``, the
-seed's place) or at lookups. A target that feeds it at lookups counts each looked-up key with
-this same function (one key, once per request and generation); its offers then count nothing
-(``count=False``) and are only filtered and skipped.
+How it works and why: docs/internals.md, section model/admission.py.
 """
 
 from __future__ import annotations

@@ -1,42 +1,6 @@
 """The reference model of the offloading manager (spec sections 2-5 and 9), in plain Python.
 
-State (all plain values, read directly by the oracle and the machines):
-
-- ``resident``: key -> {"chunk": id, "ref": n}; ref -1 pending, 0 ready and idle, n > 0 pinned.
-- LRU: ``rank``: resident key -> (major, minor); the lowest rank is evicted first, ties by key.
-  ``counter`` hands out ranks. ``lru`` lists the keys lowest rank first.
-- ARC: ``t1``, ``t2``, ``b1``, ``b2`` (least recent first) and ``p`` (a float).
-- ``fresh``: never-used chunk ids, increasing; ``freed``: freed ids, a stack (last freed last).
-- ``tracker``: tuple of (key, count), least recent first.
-- ``slots``: request -> its ``Record``, one per request, as a request context holds one record
-  per type (spec section 1): a record belongs to one manager and one generation, and a manager
-  that finds another's (or an older generation's) starts a new one. Two models that stand for
-  two managers over the same requests share one ``slots``.
-
-Two recency semantics (spec section 4), chosen at construction:
-
-- ``recency="touch"``: insert and ``touch`` give fresh ranks (LRU); ARC's touch promotes,
-  store misses adapt in offer order, eviction compares |T1| with p.
-- ``recency="request"`` (spec R1-R7): each request's access record is shown to the policy at
-  first sight and committed at ``on_request_finished`` in the order of the keys' positions in
-  the request; store misses adapt last to first, a ghost hit moves the ghost to its recent end,
-  eviction compares |T1| with floor(p). ``touch`` stays available (a release may keep it).
-
-Choices where the spec is silent:
-
-- Below threshold 2 the tracker stays empty and stats carry no skip counter.
-- ``feed="lookup"`` (a target that feeds its tracker at lookups, spec §3.2): a lookup that
-  names its request counts the key as an offer of it counts (spec A2, A4: once per request
-  and generation, the key itself protected); offers count nothing, and are filtered and
-  skipped by those counts (spec A5, A6: a skip once per request and generation).
-- Keys must be ``bytes`` in every call, else ``ModelError`` naming the key, before any change.
-- Only offers are deduplicated. ``prepare_load([k, k])`` pins k twice, ``complete_load`` needs a
-  ref count >= the occurrences of each key, and a repeat in ``complete_store`` is ignored.
-- Nothing admitted (empty offer, all resident, all skipped): ``([], [], [])``, no sample.
-- ``reset_cache`` emits no event and keeps queued events and unreported stats; events of an
-  older generation drained after a reset describe a cache that is gone.
-- ``choose`` (a foreign target's choice, spec section 9) is asked only when the offer fits; the
-  model applies what it returns and judges nothing: the oracle does.
+How it works and why: docs/internals.md, section model/cache.py.
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """Checks around the scheduler driver, made from outside it: no cold admission, and data that
 arrives where the manager says.
 
-``Audit(manager, worker, threshold, blocks_per_chunk, data=...)`` wraps the manager the driver
-talks to (``audit.manager``: an adapter, or the oracle over one) and, with ``data=True``, the
-worker too (``audit.worker``, which must carry data tags: ``gpu_tag`` and ``chunk_tags``, as
-``NullWorker(track_data=True)`` and ``TaggedCopyWorker`` do); ``audit.driver(...)`` is the
-``Scheduler`` over both. With ``data=False`` the data checks are not built at all.
-
-- **Cold admissions** (always). Who offered what is the one record of ``properties.offers``:
-  per key, the distinct (request, generation) pairs that ever offered it; an admission of a key
-  that fewer than ``threshold`` of them had offered (this offer included) is cold. Where the
-  audited manager is the oracle, the audit reads the oracle's record (``offers=oracle.offers``:
-  the oracle has recorded each offer by the time its answer reaches the audit); else it keeps
-  its own. A reset
-  starts every request's offers over, as spec A7 starts its counting over; a request is its
-  context object (a new context with a reused ``req_id`` is a new request).
-- **Data** (``data=True``). Every chunk a load reads holds its key's blocks when the load is
-  prepared; every load job that completes has brought those blocks to its GPU blocks; every
-  chunk whose store completed holds its key's blocks (``stored_data_errors()``). The blocks of
-  each request are registered with ``expect(request)`` after the driver added it.
+How it works and why: docs/internals.md, section properties/audit.py.
 """
 
 from __future__ import annotations

@@ -1,31 +1,6 @@
 """The request-level machine: engine events drive the scheduler driver (impl/scheduler.py).
 
-Rules are engine events: add a request (tokens from a two-letter vocabulary, so prefixes are
-shared; request ids from a pool of three, so a new request may reuse a finished one's id), step
-the scheduler, let copies complete, make a copy fail, preempt a request, resume it, finish it,
-reset the cache. Retries after ``None``, re-offers after preemption, finish-time retries and
-offers across a reset all come from the driver, as they do in an engine.
-
-Checked:
-
-- every manager call the driver makes, against the reference model, in lockstep (the oracle,
-  ``properties.oracle.LockstepManager``: admitted keys, chunk ids, evictions, lookups, load
-  specs, events, stats);
-- end to end, through the audit (``properties.audit``) and the model: every load brings its
-  chunks' data to its GPU blocks, every chunk whose store completed and every ready chunk holds
-  the data of its key's blocks, and every block a running request computed or loaded holds its
-  data (the worker, ``NullWorker`` by default, carries one tag per block);
-- no chunk is ever stored for a key that fewer than ``store_threshold`` requests offered (a
-  reset starts every request's offers over, as spec A7 starts its counting over);
-- the store accounting adds up: admitted = completed + failed + dropped by a reset + in flight;
-- after every step, the oracle's incremental check of what the step changed (the tracker, and
-  for native targets the policy's order and the pool), so a difference shows before it
-  changes an admission or eviction.
-
-``make_machine(target)`` builds the machine for a resolved target (``properties.targets``: impl,
-a catalogued mutant, ``MODULE:ATTR``, a vLLM release), as every machine module does. Coverage
-labels come from the recorded history (``properties.search.coverage``): each step records what the
-scheduler's counters did.
+How it works and why: docs/internals.md, section properties/scheduler_machine.py.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """A stand-in for vLLM's kv_offload interface, so the vLLM adapter is tested without vLLM.
 
-Written from the spec's description of the interface (docs/spec.md, section 10), not from vLLM's
-code. Its types have vLLM's shape: a ``ReqContext`` dataclass with ``req_id``,
-``kv_transfer_params``, a scratch store and key positions; ``make_offload_key(block_hash,
-group_idx)``, here returning a tuple rather than bytes so that the adapter's mapping back to our
-keys is exercised; a ``LookupResult`` enum; ``PrepareStoreOutput`` with a ``store_spec`` whose
-``block_ids`` is a numpy array; events with ``removed``, ``metadata_only`` and, as 0.34.0's,
-``removal_expected`` and ``req_context``.
-
-``FakeManager`` is impl's manager under request-scoped recency dressed in those types: vLLM's
-constructor (``num_blocks``), ``on_new_request`` answering an offloading context,
-``get_load_source`` an enum, ``take_events()`` as a generator that drains nothing until
-iterated, ``get_stats()`` as an object whose ``reduce()`` gives metric name -> value (the
-histogram summarised, its samples kept in ``metric_sections()``), the tracker as the ``counts``
-attribute (an ``OrderedDict``, or ``None`` below threshold 2), and the internals the adapter
-inspects under the names ``vllm_harness.adapter.INTERNALS`` gives. ``FakeEveryOfferCounts``
-does the same for a known-bad manager, ``FakeManagerWithoutTouch`` lacks ``touch``.
-``NotAManager`` builds but has none of the interface.
-
-The module defines ``ReqContext`` and ``make_offload_key``, so ``vllm=tests.fake_vllm:...``
-targets take their types from here (``properties.vllm_harness.adapter.resolve_vllm``).
+How it works and why: docs/internals.md, section tests/fake_vllm.py.
 """
 
 from __future__ import annotations

@@ -765,7 +765,7 @@ def test_scheduler_history_lists_the_offers_of_the_counterexample(failing):
 
 
 def test_list_judges_each_target_kind_as_the_spec_does():
-    """`kvgate list` says of each target kind what docs/spec.md §9 says: the kinds the spec
+    """`kvgate list` says of each target kind what spec §9 says: the kinds the spec
     compares exactly are listed as checked exactly, the foreign kind as checked and adopted;
     impl's own spellings and the catalogue's variants are kvgate's interface."""
     from kvgate.cli.listing import ADOPTED, EXACTLY, TARGET_KINDS

@@ -10,7 +10,7 @@ from kvgate.properties.profiles import PROFILES
 from .runs import MACHINES, choose_profile
 
 # Each target kind and how it is judged (spec §9: exactly, or its open choices checked and
-# adopted); tests/test_cli.py holds this to what docs/spec.md §9 says of each kind.
+# adopted); tests/test_cli.py holds this to what spec §9 says of each kind.
 EXACTLY, ADOPTED = "checked exactly", "its eviction and chunk-id choices checked and adopted"
 TARGET_KINDS = (
     ("impl", "kvgate's manager, LRU and ARC (the default)", EXACTLY),

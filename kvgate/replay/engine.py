@@ -3,34 +3,7 @@
 ``kvgate replay TRACE [--target SPEC ...] [--threshold T ...] [--num-chunks N ...] [--check]``
 (the same as ``python -m kvgate replay TRACE ...``).
 
-The replay: requests arrive in trace order (back-pressure: at most ``--max-running`` wait at a
-time, or by timestamp with ``--ms-per-step``), are admitted while fewer than ``--max-running``
-run, prefill in chunks of at most ``--prefill-tokens`` tokens per step (a token budget shared by
-all running requests), then decode one token per step until ``output_length`` tokens. Each step
-offers every running request's new complete chunks; store jobs complete ``--store-delay`` steps
-later, loads ``--load-delay`` steps later; ``None`` is retried at the next step and once more
-after the request finishes; a request that needs a GPU block when none is free preempts the
-latest running request, which later resumes and re-offers from chunk 0 through the same
-context; ``--reset-every`` resets the cache every that many steps, and ``--fail-every`` makes
-every that many-th store copy fail. Every parameter is a flag.
-
-The report per run: requests, offers, admissions, cold admissions (chunks admitted while fewer
-than ``store_threshold`` distinct requests had offered them; a reset starts the requests'
-offers over, as spec A7 starts their counting over), skips (the manager's metric), allocation
-failures, preemptions, evictions, and the CPU tier's prefix hit rate (at each request's first
-admission: the chunks its lookup hit over the chunks it could have loaded). Store accounting:
-admitted = completed + failed + dropped by a reset + still in flight.
-
-With ``--check`` the reference model checks every manager call in lockstep and the run stops at
-the first divergence, printing the step and the call. Given several targets, thresholds or tier
-sizes, the runs form one comparison table; ``--plot FILE.png`` draws hit rate and cold
-admissions against tier size.
-
-This module is the engine (the loop and the report's figures; the settings and report records
-are ``kvgate.replay.records``, the path through vLLM's scheduler ``kvgate.replay.vllm_path``);
-``kvgate.replay.report``
-formats reports as tables and JSON, ``kvgate.replay.plot`` draws them, and
-``kvgate.replay.command`` is the command line.
+How it works and why: docs/internals.md, section kvgate/replay/engine.py.
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """``kvgate replay TRACE --scheduler vllm``: the trace through vLLM's own scheduler.
 
-The installed release's ``Scheduler`` and ``OffloadingConnector`` (built offline on a CPU,
-``kvgate.properties.vllm_harness``) run the trace with the target manager behind the connector
-(``vllm``, or ``vllm=MODULE:ATTR``). The replay's flags keep their meaning where vLLM has the
-same knob: ``--block-size`` (tokens per GPU block and per hash), ``--max-running``
-(``max_num_seqs``), ``--prefill-tokens`` (``max_num_batched_tokens``, chunked prefill),
-``--gpu-blocks``, ``--blocks-per-chunk``, the tier size, threshold, tracker size and policy; a
-store job completes ``--store-delay`` engine steps after it is issued and a load job
-``--load-delay`` steps after, unless the connector flushes it first; ``--reset-every`` runs
-vLLM's own cache reset (``reset_prefix_cache(reset_connector=True)``). Retries, finish-time
-offers, preemptions and re-offers are vLLM's. Copies always succeed (both releases assert so),
-so ``--fail-every``, ``--worker copy`` and ``--verify`` do not apply.
-
-Prompts: each trace block is ``TRACE_BLOCK_SIZE`` tokens of one token id (its hash id plus one),
-so equal hash-id prefixes are equal token prefixes, and vLLM hashes them itself. The report's
-figures come from what the connector asked of the manager: offers and admitted keys, cold
-admissions (the same rule as the machine's check: fewer than ``store_threshold`` distinct
-requests had offered the key since the last reset), skips (the manager's metric), allocation
-failures, retries, preemptions, evicted keys, and the store accounting in keys: admitted =
-completed + dropped by a reset + still in flight. The prefix hit rate is the chunks loaded from
-the CPU tier over the complete prompt chunks of every request. ``--check`` puts the lockstep
-oracle in front of the manager and stops at the first divergence.
+How it works and why: docs/internals.md, section kvgate/replay/vllm_path.py.
 """
 
 from __future__ import annotations

@@ -1,39 +1,6 @@
 """A state machine that drives one copy worker alone against a byte model (spec §6).
 
-The model (``properties.worker.byte_model``) is deliberately trivial: every GPU block and every CPU
-sub-block holds a *label*, whose bytes are a fixed function of the label and the layer, and the
-padding after each GPU page a pattern nothing may change. After every step the machine compares
-every byte it can predict: GPU pages and padding, and the worker's CPU tier
-(``worker.cpu_tensors``, whose shape spec §6 fixes); only the destinations of jobs not yet
-reported are left out, since their copy may or may not have run. The layouts it builds workers
-for are ``properties.worker.layouts``; the bad transfers and constructions, and what their
-refusals must say, ``properties.worker.defects``.
-
-Rules: submit store / load (random blocks and chunks, with sub-block offsets), GPU writes,
-``get_finished`` (each job exactly once, oldest first per direction, ``success``/``bytes`` as
-expected), ``wait`` then ``get_finished`` (waited jobs must be reported), injected failures
-(``fail_next(n, kind)``, n of 0 to 2, for one direction or either: reported ``success=False``,
-nothing written; a job takes its own direction's failures first) and bad ``fail_next``
-arguments, and invalid transfers (``ValueError``, every byte unchanged, no job, no failure used
-up). On the CPU path copies are synchronous, so each ``get_finished`` there must report every
-job, and a copy that moved bytes reports a duration above 0.
-
-A refusal must *say* what is wrong, each name whole and as written (``properties.worker.defects``
-has the rules).
-
-``make_machine(factory)`` builds the machine for any worker factory with the signature
-``factory(gpu_tensors, num_chunks, blocks_per_chunk=1, *, clock)``: ``clock`` is the worker's
-clock (seconds), which the machine gives it so that the seconds a copy reports are the same in
-every replay of an example. The module defines one machine per worker of ours
-(``OffloadWorkerMachine`` and one per known-bad worker) so that a printed counterexample
-(``state = OffByOneOffsetMachine()`` ...) replays after
-``from kvgate.properties.worker.machine import *``.
-
-Generated values that depend on the layout are *picks*: ``picks=[3, 0]`` means "the 3rd and the
-0th of the blocks that may take part, modulo their number", ``chunk_pick`` where the list of
-usable chunks starts (and, past one lap, that it runs backwards), ``offset_pick`` the offset
-modulo ``blocks_per_chunk``; each step notes the transfer it actually made, so a counterexample
-reads in block and chunk ids.
+How it works and why: docs/internals.md, section properties/worker/machine.py.
 """
 
 from __future__ import annotations
