@@ -189,8 +189,15 @@ class Adapter:
         self.raw: Any = None
 
     def _lacks(self, call: str) -> None:
+        """A call the manager lacks reached the adapter (a machine that does not read
+        ``missing``): one line naming the release, the call and what is not checked."""
         if call in self.missing:
-            raise TargetError(f"{type(self.manager).__name__} has no {call}")
+            release = getattr(self, "release", "") or type(self.manager).__name__
+            raise TargetError(
+                f"{release}: {type(self.manager).__name__} has no {call}, which this machine "
+                f"needs: nothing is checked here, {UNCHECKED_WITHOUT.get(call, call)} least of "
+                f"all (the manager machine checks the rest, drawing no {call})"
+            )
 
     def _call(self, name: str, *args, **kwargs) -> Any:
         self._lacks(name)

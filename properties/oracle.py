@@ -120,6 +120,11 @@ class LockstepManager:
         self.missing = frozenset(target.missing)
         # Declared known defects (properties/known.py): counted where they differ, not compared.
         self.known = known_of(target)
+        # Where the target's tracker counts, as its adapter learnt it (spec §3.2): every
+        # machine's model follows it, whoever built the model.
+        feed = getattr(target, "feed", None)
+        if feed in ("offer", "lookup"):
+            model.feed = feed
         self.handles = handles if handles is not None else Handles()
         self.offers = Offers()
         self.text = CallText(self.handles, key_name)
