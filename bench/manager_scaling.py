@@ -239,20 +239,25 @@ def _impl(num_chunks: int, store_threshold: int, max_tracker_size: int):
 
 
 def threshold_one(rounds: int, batches: int) -> float:
-    sides = threshold_one_sides()
+    small, large = threshold_one_sides()
     ratio = compare(
-        f"store_threshold=1, {OFFER}-key offers of fresh keys, evicting:", *sides, rounds, batches
+        f"store_threshold=1, {OFFER}-key offers of fresh keys, evicting:",
+        small,
+        large,
+        rounds,
+        batches,
     )
     bare_dicts(rounds, batches)
     return ratio
 
 
 def threshold_two(rounds: int, batches: int, num_chunks: int = 1_000) -> float:
-    sides = threshold_two_sides(num_chunks=num_chunks)
+    small, large = threshold_two_sides(num_chunks=num_chunks)
     return compare(
         f"store_threshold=2, each {OFFER}-key batch offered by 2 requests "
         f"(count, then store), evicting:",
-        *sides,
+        small,
+        large,
         rounds,
         batches,
     )

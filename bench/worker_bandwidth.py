@@ -45,7 +45,7 @@ def make_layers(num_blocks: int, pages, device) -> list[torch.Tensor]:
 
 
 def median_times(fns: dict, rounds: int, reps: int, sync) -> dict:
-    times = {k: [] for k in fns}
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for fn in fns.values():
         fn()  # warm-up: first touch of the pages, buffers
     sync()
@@ -72,7 +72,7 @@ def runs_of(src_ids: list[int], dst_ids: list[int]) -> list[tuple[int, int, int]
             runs[-1][2] += 1
         else:
             runs.append([s, d, 1])
-    return [tuple(r) for r in runs]
+    return [(s, d, n) for s, d, n in runs]
 
 
 def plain_candidates(srcs, dsts, src_ids, dst_ids, nb: bool) -> dict:
@@ -209,7 +209,7 @@ def scenario(
     }
     t = median_times(fns, rounds, reps, sync)
     gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
-    best = max((k for k in checked if not k.startswith("worker")), key=gbs.get)
+    best = max((k for k in checked if not k.startswith("worker")), key=gbs.__getitem__)
     return {"bytes": nbytes, "gbs": gbs, "best": best}
 
 

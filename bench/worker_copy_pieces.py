@@ -66,7 +66,7 @@ def case(page: int, n: int, layers: int, pattern: str) -> str:
         }
     else:
         fns |= {"taking 2 slices per layer": slices, "slice copy_ loop (plain)": slice_copies}
-    res = {k: [] for k in fns}
+    res: dict[str, list[float]] = {k: [] for k in fns}
     names, order = list(fns), random.Random(0)
     for _ in range(41):
         order.shuffle(names)

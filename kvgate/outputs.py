@@ -86,7 +86,7 @@ def check_directory(flag: str, path: str) -> None:
 
 
 def write_with(
-    path: str | Path, write: Callable[[IO], None], binary: bool = False, flag: str = ""
+    path: str | Path, write: Callable[[IO], object], binary: bool = False, flag: str = ""
 ) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, then rename it to ``path``.
     Any exception removes the temporary file first; an ``OSError`` is raised as one

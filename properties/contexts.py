@@ -35,7 +35,7 @@ class Contexts:
         """A new context for ``req_id``; ``release``: contexts to free right before it is made
         (the list is emptied), so that it takes the last one's memory."""
         template = self._new_context(req_id)
-        cls = self._class_for(type(template))
+        cls: Any = self._class_for(type(template))  # a class made at run time
         if release:
             release.clear()
         ctx = cls.__new__(cls)  # the first allocation of that size since the release

@@ -7,6 +7,7 @@ a path the solver picked, so fewer are needed; meant for the admission-level pro
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
 
@@ -23,7 +24,7 @@ FIRST_FAILURE = (Phase.explicit, Phase.generate)
 # function); on import, so that every run of kvgate and of its tests draws without them.
 stop_local_constants()
 
-_COMMON = dict(
+_COMMON: dict[str, Any] = dict(
     deadline=None,
     suppress_health_check=[
         HealthCheck.too_slow,

@@ -18,7 +18,7 @@ from .adapters import Config, Target, model_for
 from .audit import Audit
 from .null_worker import NullWorker
 from .oracle import LockstepManager, fmt_key
-from .search.coverage import Recorded
+from .search.coverage import Predicate, Recorded
 from .search.rule_choice import install as install_rule_choice
 
 VOCAB = (1, 2)
@@ -42,8 +42,15 @@ COUNTED = {
     "skip": "skips",
     "preemption for GPU blocks": "preemptions",
 }
-LABELS = {
-    **{label: (lambda e, c=counter: c in e.get("grew", ())) for label, counter in COUNTED.items()},
+
+
+def _grew(counter: str) -> Predicate:
+    """Whether a step's entry shows ``counter`` grew."""
+    return lambda e: counter in e.get("grew", ())
+
+
+LABELS: dict[str, Predicate] = {
+    **{label: _grew(counter) for label, counter in COUNTED.items()},
     "request id reused": lambda e: e.get("id_reused", False),
     "swarm: rules switched off": lambda e: e["rule"] == "swarm" and bool(e["off"]),
 }
@@ -138,6 +145,7 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     # ------------------------------------------------------------------ helpers
     def _pick(self, which: int, states) -> Request:
         """The ``which``-th (cyclically) live request in one of ``states``, in arrival order."""
+        assert self.sched is not None  # the rules that pick run after set-up made it
         reqs = [r for r in self.sched.requests.values() if r.state in states]
         return reqs[which % len(reqs)]
 
@@ -148,6 +156,7 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
 
     def _after(self, rule: str, before: dict, **facts) -> None:
         """Record the step: which of the scheduler's counters grew."""
+        assert self.sched is not None  # the rules that record run after set-up made it
         c = self.sched.counters.as_dict()
         grew = [counter for counter in COUNTED.values() if c[counter] > before[counter]]
         self.record(rule, grew=grew, **facts)

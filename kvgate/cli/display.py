@@ -81,7 +81,7 @@ class Display:
         task = progress.add_task(description, total=total)
         count = [0]
 
-        def tick():
+        def tick() -> None:
             count[0] += 1
             progress.update(
                 task,
@@ -92,7 +92,7 @@ class Display:
         def done():
             progress.remove_task(task)
 
-        tick.done = done  # type: ignore[attr-defined]
+        tick.done = done
         return tick
 
 

@@ -55,7 +55,8 @@ def replay_vllm(
     from kvgate.properties.vllm_harness.configs import Setup
     from kvgate.properties.vllm_harness.engine import VllmEngine
 
-    s = replace(settings, policy=settings.policy or tgt.policies[0])
+    policy: str = settings.policy or tgt.policies[0]
+    s = replace(settings, policy=policy)
     if s.limit is not None:
         trace = trace[: s.limit]
     longest = max((r.input_length + max(1, r.output_length) for r in trace), default=1)
@@ -63,7 +64,7 @@ def replay_vllm(
         num_chunks=s.num_chunks,
         store_threshold=s.store_threshold,
         max_tracker_size=s.max_tracker_size,
-        policy=s.policy,
+        policy=policy,
         gpu_blocks=s.gpu_blocks,
         blocks_per_chunk=s.blocks_per_chunk,
         block_size=s.block_size,

@@ -41,6 +41,7 @@ class Recorded:
     LABELS: dict[str, Predicate] = {}
     coverage: Counter = Counter()
     last_history: list[Entry] = []
+    history: list[Entry]  # each machine makes its own in its __init__
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -28,6 +28,7 @@ CHECKED_WITH = "6.170.17"
 # time goes to Hypothesis's rejection of disabled rules). Without these, machines keep
 # Hypothesis's own strategy: the same rules, slower, no weights and no swarm.
 
+_RuleStrategy: Any
 try:  # the per-class rule table that Hypothesis's rule strategy builds (private method)
     from hypothesis.stateful import RuleStrategy as _RuleStrategy
 except ImportError:  # pragma: no cover - a Hypothesis without it
@@ -90,7 +91,8 @@ def key_by_name(machine_cls: type, name: str) -> None:
     """Derandomized runs and the example database key a test on a digest of its source; the
     wrapper's source is the same for every machine, so the digest is made from the machine's
     name instead (one per machine and target). Without it every machine would share one key."""
-    machine_cls._hypothesis_internal_add_digest = name.encode()
+    # an attribute Hypothesis reads off a test, which mypy does not know of on a class
+    machine_cls._hypothesis_internal_add_digest = name.encode()  # type: ignore[attr-defined]
 
 
 def is_step_rule(fn: Any) -> bool:
@@ -108,7 +110,8 @@ def collect_statistics(receive: Callable[[dict], None]) -> contextlib.AbstractCo
     the database / invalid / while shrinking" figures."""
     from hypothesis.statistics import collector
 
-    return collector.with_value(receive)
+    # Hypothesis types the collector by its default (None); what it holds is a callback
+    return collector.with_value(receive)  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- profiles
@@ -152,7 +155,8 @@ def shrinking_deadline(seconds: float | None) -> Iterator[list[str]]:
     notes: list[str] = []
     saved = getattr(engine, "MAX_SHRINKING_SECONDS", None)
     if seconds is not None and saved is not None:
-        engine.MAX_SHRINKING_SECONDS = seconds
+        # typed int by Hypothesis, but only ever added to time.perf_counter(): a float works
+        engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
     try:
         with with_reporter(lambda text: notes.append(str(text))):
             yield notes

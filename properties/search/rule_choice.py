@@ -38,7 +38,7 @@ class WeightedRules(private.SearchStrategy):
 
     def _swarm(self, data) -> frozenset[str]:
         if not self.optional or not private.draw_integer(data, 0, 3):
-            off = frozenset()
+            off: frozenset[str] = frozenset()
         else:
             mask = private.draw_integer(data, 0, (1 << len(self.optional)) - 1)
             off = frozenset(n for i, n in enumerate(self.optional) if mask >> i & 1)

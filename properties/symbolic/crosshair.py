@@ -88,6 +88,11 @@ class Small(enum.IntEnum):
 
 
 SmallTracker = tuple[tuple[Key, Small], ...]
+# A step's arguments, tracker_step's order: tracker, counted, skipped, offer, resident,
+# threshold, max_tracker_size.
+StepArgs = tuple[
+    Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], frozenset[bytes], int, int
+]
 
 
 def small_state(
@@ -98,7 +103,7 @@ def small_state(
     resident: frozenset[Key],
     threshold: Small,
     max_tracker_size: Small,
-) -> tuple:
+) -> StepArgs:
     """The step's arguments for a small input: a key listed twice keeps its last place and
     count, count 0 means untracked, the most recent ``max_tracker_size`` keys stay."""
     t, size = int(threshold), max(1, int(max_tracker_size))
@@ -245,7 +250,8 @@ def given_lines(output: str) -> list[tuple]:
 
 def contract(fn) -> tuple[list[str], list[str]]:
     """``fn``'s ``pre:`` and ``post:`` expressions, one a line as CrossHair reads them."""
-    pre, post = [], []
+    pre: list[str] = []
+    post: list[str] = []
     for line in (fn.__doc__ or "").splitlines():
         kind, _, expr = line.strip().partition(": ")
         if kind in ("pre", "post"):

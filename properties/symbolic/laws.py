@@ -66,7 +66,9 @@ def offers_from_requests(offers: list[tuple[int, tuple[int, ...]]], t: int, size
     pre: all(ok((), offer, t, size) and len(offer) <= 2 for _, offer in offers)
     post: all(1 <= n <= len(__return__[1][k]) for k, n in __return__[0])
     """
-    tracker, records, offerers = (), {}, {}
+    tracker: tuple[tuple[bytes, int], ...] = ()
+    records: dict[int, frozenset[bytes]] = {}
+    offerers: dict[bytes, set[int]] = {}
     for req, offer in offers:
         before = dict(tracker)
         tracker, records[req] = step(tracker, records.get(req, frozenset()), offer, t, size)

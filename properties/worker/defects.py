@@ -119,6 +119,8 @@ def invalid_transfer(m, kind: str, defect: str, picks, chunk_pick: int, offset_p
     say. A defect that cannot be made now (no job to clash with, no id used yet) is swapped
     for one that can, and the answer names it."""
     chosen = m.choose(kind, picks, chunk_pick, offset_pick)
+    blocks: Any  # Any: the defects below put values of the wrong type in both on purpose
+    chunks: Any
     blocks, chunks, offset = chosen if chosen else ([0], [0], 0)
     blocks, chunks = list(blocks), list(chunks)
     if not blocks:

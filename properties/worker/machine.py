@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
 from hypothesis import note as _hypothesis_note
@@ -303,7 +303,9 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             return
         blocks, chunks, offset = chosen
         job_id = self.next_job
-        budget = next((k for k in (kind, None) if self.fail_budget[k] > 0), False)
+        budget: str | None | Literal[False] = next(
+            (k for k in (kind, None) if self.fail_budget[k] > 0), False
+        )
         fails = budget is not False  # the direction's own failures go first, then either's
         raises = self.raise_next and not fails
         note(
@@ -312,6 +314,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             + (" (injected failure)" if fails else "")
             + (" (its copy raises)" if raises else "")
         )
+        ids: tuple[torch.Tensor | Sequence[int], torch.Tensor | Sequence[int]]
         if form == "tensor":
             ids = (torch.tensor(blocks, dtype=torch.int64), torch.tensor(chunks, dtype=torch.int64))
         else:
@@ -333,6 +336,7 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         self.next_job += 1
         self.used_ids.append(job_id)
         if fails:
+            assert budget is not False  # fails says so
             self.fail_budget[budget] -= 1
         slots = self.slots_of(chunks, offset, len(blocks))
         if kind == STORE:
