@@ -378,11 +378,37 @@ def run_kvgate(version: str, mutant: Path | None, timeout: int = TIMEOUT) -> dic
     if mutant is None:  # the baseline: which lines of the connector the machine reaches
         data = BUILD / f"kvgate-{version}.coverage"
         cover = ["-m", "coverage", "run", f"--data-file={data}", "--include=*/offloading/sched*"]
-        args = args[2:]
-    out = _run([str(release_python(version)), *cover, *args, KVGATE_TESTS], ROOT, env, timeout)
+    where = stage()
+    env["PYTHONPATH"] = str(where)
+    out = _run([str(release_python(version)), *cover, *args, KVGATE_TESTS], where, env, timeout)
     if mutant is None:
         out["lines"] = _covered(version, data)
     return out
+
+
+_STAGED: Path | None = None
+
+
+def stage() -> Path:
+    """kvgate as it stands when the suite starts, copied once (as bench/mutation.py stages it:
+    impl/, model/, properties/ under kvgate/), so edits to the tree during a long run do not
+    reach its later mutants; it is first on ``PYTHONPATH``, ahead of the editable install."""
+    global _STAGED
+    if _STAGED is None:
+        sys.path.insert(0, str(ROOT))
+        from bench.mutation import _ignore
+
+        where = BUILD / "stage" / f"{os.getpid()}"
+        if where.exists():
+            shutil.rmtree(where)
+        shutil.copytree(ROOT / "kvgate", where / "kvgate", ignore=_ignore)
+        for part in ("impl", "model", "properties"):
+            shutil.copytree(ROOT / part, where / "kvgate" / part, ignore=_ignore)
+        shutil.copytree(ROOT / "tests", where / "tests", ignore=_ignore)
+        shutil.copy2(ROOT / "conftest.py", where / "conftest.py")
+        shutil.copy2(ROOT / "pyproject.toml", where / "pyproject.toml")
+        _STAGED = where
+    return _STAGED
 
 
 def _covered(version: str, data: Path) -> list[int]:
@@ -419,13 +445,14 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: int) -> dict:
 
 def run_suite(version: str, sides=("vllm", "kvgate"), jobs: int = 1, rerun: bool = False) -> dict:
     """Every drawn mutant of ``version``'s connector scheduler against each side; the results
-    are written to bench/results/connector-VERSION.json as they come; a mutant that already
+    are written to bench/results/connector-VERSION-SIDES.json as they come; a mutant that already
     has a verdict for a side keeps it unless ``rerun``."""
     source = installed_source(version)
     mutants = sample(source)
     folder = BUILD / "mutants" / version
     folder.mkdir(parents=True, exist_ok=True)
-    out_file = RESULTS / f"connector-{version}.json"
+    # one file per release and side: the two sides may run at once, in separate processes
+    out_file = RESULTS / f"connector-{version}-{'-'.join(sides)}.json"
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
     result.update(version=version, seed=SEED, drawn=len(mutants), points=len(points(source)))
     rows = {r["name"]: r for r in result.get("mutants", [])}
@@ -484,3 +511,84 @@ if __name__ == "__main__":
     version, *which = sys.argv[1:]
     jobs = int(os.environ.get("JOBS", "1"))
     run_suite(version, tuple(which) or ("vllm", "kvgate"), jobs)
+
+
+# --------------------------------------------------------------------------- the report
+def load(version: str) -> dict:
+    """Both sides' results for ``version``, merged by mutant."""
+    merged: dict = {"version": version, "mutants": {}}
+    for side in ("vllm", "kvgate"):
+        path = RESULTS / f"connector-{version}-{side}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        for key in ("seed", "drawn", "points"):
+            merged[key] = data.get(key)
+        merged[f"{side} baseline"] = data.get(f"{side} baseline")
+        for row in data["mutants"]:
+            merged["mutants"].setdefault(row["name"], {}).update(row)
+    return merged
+
+
+def verdicts(version: str) -> dict[str, dict]:
+    import tomllib
+
+    path = ROOT / "docs" / "mutation-verdicts.toml"
+    data = tomllib.loads(path.read_text()) if path.exists() else {}
+    return data.get(f"connector-{version}", {})
+
+
+def markdown(version: str) -> str:
+    data = load(version)
+    rows = list(data["mutants"].values())
+    done = [r for r in rows if "vllm" in r and "kvgate" in r]
+    by_v = sum(r["vllm"]["killed"] for r in done)
+    by_k = sum(r["kvgate"]["killed"] for r in done)
+    both = sum(r["vllm"]["killed"] and r["kvgate"]["killed"] for r in done)
+    only_k = [r for r in done if r["kvgate"]["killed"] and not r["vllm"]["killed"]]
+    only_v = [r for r in done if r["vllm"]["killed"] and not r["kvgate"]["killed"]]
+    told = verdicts(version)
+    out = [
+        f"### Connector suite, vLLM {version}: {len(done)} of {data.get('drawn')} drawn mutants "
+        f"run on both sides ({data.get('points')} mutation points in the file, seed "
+        f"{data.get('seed')})",
+        "",
+        "| | killed | of | share |",
+        "| --- | --- | --- | --- |",
+        f"| vLLM's own connector unit tests | {by_v} | {len(done)} | "
+        f"{by_v / max(1, len(done)):.0%} |",
+        f"| kvgate's vLLM scheduler machine alone | {by_k} | {len(done)} | "
+        f"{by_k / max(1, len(done)):.0%} |",
+        f"| both | {both} | | |",
+        "",
+        f"Killed by kvgate only: {len(only_k)}; by vLLM's tests only: {len(only_v)}. "
+        f"Baselines (unmutated): vLLM's tests "
+        f"{(data.get('vllm baseline') or {}).get('why', '?')!r}, "
+        f"{(data.get('vllm baseline') or {}).get('seconds', '?')} s; kvgate "
+        f"{(data.get('kvgate baseline') or {}).get('why', '?')!r}, "
+        f"{(data.get('kvgate baseline') or {}).get('seconds', '?')} s.",
+        "",
+        "| mutant | change | vLLM's tests | kvgate | verdict on kvgate's survivor |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+
+    def cell(run):
+        if run is None:
+            return "not run"
+        if run.get("unreached"):
+            return "survived (statement never executed)"
+        if run.get("timeout"):
+            return "killed (hangs)"
+        return ("killed" if run["killed"] else "survived") + f", {run['seconds']} s"
+
+    for r in rows:
+        k = r.get("kvgate")
+        verdict = ""
+        if k is not None and not k["killed"]:
+            v = told.get(r["name"], {})
+            verdict = f"{v.get('verdict', 'open')}: {v.get('why', '')}".rstrip(": ")
+        change = r.get("change", "").replace("|", "\\|")
+        out.append(
+            f"| `{r['name']}` | `{change[:90]}` | {cell(r.get('vllm'))} | {cell(k)} | {verdict} |"
+        )
+    return "\n".join(out) + "\n"

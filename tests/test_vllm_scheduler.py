@@ -54,6 +54,7 @@ FAULTS = {
     "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
     "skip_new_request": "before on_new_request told it of that request",
     "keep_finished": "after it finished and its transfers settled",
+    "ignore_max_load": "phantom hit: the connector reported",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost

@@ -32,6 +32,7 @@ FAULTS = (
     "reoffer",
     "skip_new_request",
     "keep_finished",
+    "ignore_max_load",
 )
 
 

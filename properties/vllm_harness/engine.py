@@ -165,11 +165,18 @@ class VllmEngine:
                     self.prefixes[key] = tuple(tokens[: (i + 1) * bs])
 
     # --- engine events
-    def add_request(self, req_id: str, tokens: list[int], max_tokens: int) -> Any:
+    def add_request(
+        self, req_id: str, tokens: list[int], max_tokens: int, max_load_tokens: int | None = None
+    ) -> Any:
+        """``max_load_tokens``: the request's cap on tokens loaded from the CPU tier (its
+        ``kv_transfer_params``, read by the connector where the release has it)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        extra = {}
+        if max_load_tokens is not None:
+            extra["extra_args"] = {"kv_transfer_params": {"max_load_tokens": max_load_tokens}}
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra)
         request = Request(
             request_id=req_id,
             prompt_token_ids=list(tokens),

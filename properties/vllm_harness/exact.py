@@ -5,7 +5,8 @@
   tier has ready at that moment, capped by the request's keyed chunks, its tokens and the
   scheduler's ``max_num_new_tokens``, and 0 below one chunk (a deferral, ``None``, is not
   judged: the connector defers while the request has transfers in flight or a chunk it would
-  load is being loaded);
+  load is being loaded); a request's ``max_load_tokens`` (its ``kv_transfer_params``) caps the
+  load at the last chunk boundary within that many tokens;
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
   is reset (a ``None`` leaves it to be offered again: a retry);
@@ -19,7 +20,8 @@
 Known-bad connectors that break them (``EXACT_FAULTS``): ``phantom_hit`` (one more chunk
 reported than the tier holds), ``reoffer`` (the stored-chunk index never advances: every chunk
 offered again at every step), ``skip_new_request`` (``on_new_request`` never reaches the
-manager), ``keep_finished`` (a finished request's state is never dropped).
+manager), ``keep_finished`` (a finished request's state is never dropped),
+``ignore_max_load`` (a request's ``max_load_tokens`` is never read).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 
 from .checks import Checks
 
-EXACT_FAULTS = ("phantom_hit", "reoffer", "skip_new_request", "keep_finished")
+EXACT_FAULTS = ("phantom_hit", "reoffer", "skip_new_request", "keep_finished", "ignore_max_load")
 
 
 class ExactChecks:
@@ -81,6 +83,16 @@ class ExactChecks:
                 return out
 
             conn._build_store_jobs = _build_store_jobs
+        if self.fault == "ignore_max_load" and hasattr(conn, "_req_status"):
+            new_request = conn.on_new_request
+
+            def on_new_request(request):
+                new_request(request)
+                status = conn._req_status.get(request.request_id)
+                if status is not None and hasattr(status, "max_load_tokens"):
+                    status.max_load_tokens = None
+
+            conn.on_new_request = on_new_request
         if self.fault == "keep_finished" and hasattr(conn, "_req_status"):
             conn._req_status = _NeverForgets(conn._req_status)
 
@@ -103,6 +115,13 @@ class ExactChecks:
         end = min(request.num_tokens, len(keys) * self.chunk_tokens)
         if max_num_new_tokens is not None:
             end = min(end, num_computed + max_num_new_tokens)
+        cap = (request.kv_transfer_params or {}).get("max_load_tokens")
+        if type(cap) is int and cap >= 0:  # loads end on a chunk boundary within the cap
+            capped = min(end, num_computed + cap)
+            capped -= capped % self.chunk_tokens
+            if capped < min(end, (start + ready) * self.chunk_tokens):
+                self.stats["capped hits"] += 1
+            end = capped
         end = min(end, (start + ready) * self.chunk_tokens)
         hit = end - num_computed
         return hit if hit >= self.chunk_tokens else 0

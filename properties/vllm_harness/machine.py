@@ -4,9 +4,11 @@ Each rule is an engine event, applied to the installed release's ``Scheduler`` (
 and KV events on or off, drawn per example) with the ``OffloadingConnector``'s scheduler side
 and the target manager behind it, every manager call checked by the lockstep oracle:
 
-- ``add_request(blocks, tail, max_tokens)``: a new request whose prompt is a string of block
-  contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
-  ``tail`` tokens of a last, partial block; it generates ``max_tokens`` tokens;
+- ``add_request(blocks, tail, max_tokens, max_load)``: a new request whose prompt is a string of
+  block contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
+  ``tail`` tokens of a last, partial block; it generates ``max_tokens`` tokens and loads at most
+  ``max_load`` tokens from the CPU tier (``None``: no cap; the connector's
+  ``max_load_tokens``);
 - ``step(n)``: ``n`` engine-core steps (schedule, run, update; async keeps two batches);
 - ``deliver(mask)``: the in-flight store and load jobs picked by ``mask`` complete (they are
   reported in the next step's output); jobs not picked stay in flight;
@@ -80,6 +82,7 @@ LABELS = {
     "preemption": lambda e: e.get("preemptions", 0) > 0,
     "eviction": lambda e: e.get("evictions", 0) > 0,
     "load": lambda e: e.get("loads", 0) > 0,
+    "load capped by max_load_tokens": lambda e: e.get("capped hits", 0) > 0,
     "stale completion dropped": lambda e: e.get("stale completions", 0) > 0,
     "flush": lambda e: e.get("flushes", 0) > 0,
     "reset": lambda e: e["rule"] == "reset",
@@ -210,14 +213,15 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         blocks=st.text(alphabet="ABC", min_size=1, max_size=4),
         tail=st.integers(0, 1),
         max_tokens=st.integers(1, 4),
+        max_load=st.sampled_from([None, None, None, 0, 2, 4]),
     )
-    def add_request(self, blocks, tail, max_tokens):
+    def add_request(self, blocks, tail, max_tokens, max_load=None):
         self._next_rule()
         self.next_id += 1
         req_id = f"r{self.next_id}"
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
         with vllm_raises("add_request"):
-            self.engine.add_request(req_id, tokens, max_tokens)
+            self.engine.add_request(req_id, tokens, max_tokens, max_load)
         self.live.append(req_id)
         self._learn_names()
         self._record("add_request")
