@@ -55,6 +55,7 @@ FAULTS = {
     "skip_new_request": "before on_new_request told it of that request",
     "keep_finished": "after it finished and its transfers settled",
     "ignore_max_load": "phantom hit: the connector reported",
+    "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost

@@ -33,6 +33,7 @@ FAULTS = (
     "skip_new_request",
     "keep_finished",
     "ignore_max_load",
+    "drop_failure_metric",
 )
 
 

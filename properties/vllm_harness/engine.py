@@ -252,6 +252,7 @@ class VllmEngine:
         kwargs = {k: v for k, v in kwargs.items() if k in fields}
         self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
         self.checks.reported(batch.stores)
+        self.exact.updated(settled=not self.queue)
         self.worker.check_ready(self._ready)
         if self.setup.kv_events:  # with events off, nothing is announced, by design
             self.checks.check_events(self.cfg.external_hash)

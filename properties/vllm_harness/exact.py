@@ -13,6 +13,8 @@
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
   runs, and each key at the position its chunk ends (where the release's context has these);
+- **metric exact**: the connector's own allocation-failure counter (which its stats carry to
+  the scheduler after each update) adds up to the ``None`` answers of ``prepare_store``;
 - **nothing left behind**: after each step's metadata, the connector keeps per-request state
   only for requests that are still running or still have transfers in flight, tracks only jobs
   the worker has not reported, and pins GPU blocks and loading chunks only for such jobs.
@@ -21,7 +23,8 @@ Known-bad connectors that break them (``EXACT_FAULTS``): ``phantom_hit`` (one mo
 reported than the tier holds), ``reoffer`` (the stored-chunk index never advances: every chunk
 offered again at every step), ``skip_new_request`` (``on_new_request`` never reaches the
 manager), ``keep_finished`` (a finished request's state is never dropped),
-``ignore_max_load`` (a request's ``max_load_tokens`` is never read).
+``ignore_max_load`` (a request's ``max_load_tokens`` is never read), ``drop_failure_metric``
+(one failed store allocation never reaches the connector's metric).
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from typing import Any
 
 from .checks import Checks
 
-EXACT_FAULTS = ("phantom_hit", "reoffer", "skip_new_request", "keep_finished", "ignore_max_load")
+EXACT_FAULTS = (
+    "phantom_hit",
+    "reoffer",
+    "skip_new_request",
+    "keep_finished",
+    "ignore_max_load",
+    "drop_failure_metric",
+)
+ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
 
 class ExactChecks:
@@ -53,6 +64,7 @@ class ExactChecks:
         self.epoch: dict[str, int] = {}  # req_id -> preemptions seen
         self.accepted: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys
         self.announced: set[str] = set()  # requests the manager heard of
+        self.failures_reported = 0  # the connector's allocation-failure metric, summed
         self.stats = checks.stats
         self._wrap()
 
@@ -83,6 +95,20 @@ class ExactChecks:
                 return out
 
             conn._build_store_jobs = _build_store_jobs
+        get_stats = getattr(conn, "get_stats", None)
+        if get_stats is not None:
+
+            def counted_get_stats():
+                stats = get_stats()
+                reduce = getattr(stats, "reduce", None)
+                if reduce is not None:
+                    n = sum(v for k, v in reduce().items() if k.startswith(ALLOCATION_FAILURE))
+                    if self.fault == "drop_failure_metric" and n:
+                        n -= 1
+                    self.failures_reported += n
+                return stats
+
+            conn.get_stats = counted_get_stats
         if self.fault == "ignore_max_load" and hasattr(conn, "_req_status"):
             new_request = conn.on_new_request
 
@@ -198,6 +224,19 @@ class ExactChecks:
                     f"token {at}; its chunk ends at token {len(prefix)}"
                 )
                 return
+
+    # ------------------------------------------------------------------ the connector's metric
+    def updated(self, settled: bool) -> None:
+        """After an update: the connector's allocation-failure metric has reported no more
+        ``None`` answers of ``prepare_store`` than there were, and, once every scheduled batch
+        has been updated (``settled``), exactly as many."""
+        counted = self.stats["allocation failures"]
+        if self.failures_reported > counted or (settled and self.failures_reported != counted):
+            self.checks.fail(
+                f"the connector's {ALLOCATION_FAILURE} metric reported "
+                f"{self.failures_reported} failed store allocation(s); prepare_store answered "
+                f"None {counted} time(s)"
+            )
 
     # ------------------------------------------------------------------ state left behind
     def after_schedule(self, in_flight: set[int]) -> None:
