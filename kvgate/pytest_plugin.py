@@ -353,10 +353,10 @@ class GateItem(pytest.Function):
 
     case: Case
 
-    def repr_failure(self, excinfo, style=None):
+    def repr_failure(self, excinfo):
         if excinfo.errisinstance((GateFailure, GateError)):
             return str(excinfo.value)
-        return super().repr_failure(excinfo, style=style)
+        return super().repr_failure(excinfo)
 
     def reportinfo(self):
         return self.path, 0, self.name
@@ -468,11 +468,14 @@ def pytest_collection_finish(session):
     """For HypoFuzz, which fuzzes an item whose function names a state machine class: each
     selected kvgate item's machine, built for its target with its known defects, and keyed in the
     example database as the runner keys it (so a campaign's finds are what a run replays)."""
+    if not _fuzzing(session.config):
+        return
+    from kvgate.properties.search.hypothesis_private import let_hypofuzz_save_shrunk_failures
+
+    let_hypofuzz_save_shrunk_failures()
     for item in session.items:
         c = getattr(item, "case", None)
         if not isinstance(item, GateItem) or c.error or c.left_out:
-            continue
-        if not _fuzzing(session.config):
             continue
         func = item.obj.__func__
         func._hypothesis_state_machine_class = _fuzz_machine(c)

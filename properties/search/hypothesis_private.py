@@ -268,3 +268,17 @@ def problems() -> list[str]:
             "shrinking a saved failure)"
         )
     return out
+
+
+# --------------------------------------------------------------------------- HypoFuzz
+
+
+def let_hypofuzz_save_shrunk_failures() -> None:
+    """HypoFuzz (25.11.1, the newest release) copies a shrunk failure's ``slice_comments``,
+    which this Hypothesis calls ``span_comments``: without the old name a campaign that finds a
+    failure crashes before it saves it. The old name, read-only, for the new one; called only
+    in a process HypoFuzz collects (kvgate/pytest_plugin.py, docs/fuzzing.md)."""
+    from hypothesis.internal.conjecture.data import ConjectureResult
+
+    if not hasattr(ConjectureResult, "slice_comments"):
+        ConjectureResult.slice_comments = property(lambda self: self.span_comments)  # type: ignore[attr-defined]
