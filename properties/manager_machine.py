@@ -39,7 +39,15 @@ The manager's whole contract, not one scheduler's habits (spec section 2):
 - **Swarm testing** (Groce et al., ISSTA 2012) and weighted rules
   (``search/rule_choice.py``), and ``hypothesis.target`` towards victims per offer, pinned
   chunks, tracker push-outs, and the two rarest decisions (a metadata-only removal filtered at
-  the drain, a skip of a key the request had admitted: 0.34.0's defect lives there).
+  the drain, a skip of a key the request had admitted: 0.34.0's defect lives there) with the
+  states just before them (admitted keys lost and still wanted, stale records over resident
+  keys).
+- **The spec's named cases as steps**: ``reoffer_lost`` re-offers the keys a request had
+  admitted and lost once the tracker let them go (spec A5), drawn only when there are some.
+- **Nothing unread at the end**: after the last step that passed, the metrics and events no
+  step read are read (spec §5.1, §5.3), so a swarm that switched those reads off still sees a
+  miscounted metric or a missing event. So every catalogued variant is caught at the ``ci``
+  budget users run (``CI=true kvgate mutants``), not only at a larger one.
 
 Coverage labels count decisions taken in a step (an eviction attempted while T1 had no idle
 victim, a key refused by a full tracker, a commit that moved a key), not states passed through.
@@ -151,7 +159,7 @@ def name_of(key: bytes) -> str:
 
 
 def _offer_facts(e: dict) -> bool:
-    return e["rule"] in ("offer", "retry", "preempt_and_resume")
+    return e["rule"] in ("offer", "retry", "preempt_and_resume", "reoffer_lost")
 
 
 LABELS = {
@@ -258,7 +266,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         "fail_store": 1,
         "flush_stores": 1,
         "read_stats": 1,
-        "take_events": 1,
+        "take_events": 2,
         "finish": 2,
         "reset": 1,
         "load": 2,
@@ -267,8 +275,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         "lookup": 1,
         "switch_manager": 1,
         "bad_input": 1,
+        "reoffer_lost": 4,
     }
     SWARM_ALWAYS = ("offer",)
+    clean = False  # the latest step and its checks passed (teardown's final reads)
 
     requests = Bundle("requests")
     stores = Bundle("stores")
@@ -344,6 +354,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         self.unreported_reset = [False] * instances
         self.max_victims = self.max_pinned = self.pushouts = 0
         self.rare = 0  # filtered metadata-only removals and skips of admitted keys
+        # the states just before the two rarest defects: lost admitted keys (spec A5) and stale
+        # records over resident keys (spec R3); the search climbs towards them
+        self.lost = self.stale = 0
+        self.clean = False  # set by the invariant after each step that passed
         # exact targets: a twin with no chunks (a size a release accepts, and the one where
         # its usage gauges must not divide by zero), read with the stats
         self.empty = None if self.foreign else self._empty_twin(config)
@@ -393,19 +407,44 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         return self.oracles[self.active].model
 
     def _begin(self):
+        self.clean = False
         self.steps += 1
         for oracle in self.oracles:
             oracle.set_step(self.steps)
 
     def teardown(self):
         if self.oracles:
+            try:
+                if self.clean:
+                    self._final_reads()
+            finally:
+                self._teardown()
+
+    def _final_reads(self):
+        """What a consumer reads at the end of an example: the metrics not read yet and the
+        events not drained yet (spec §5.1, §5.3), so that a miscounted skip or a missing
+        event is seen whether or not a drawn step read them (swarm testing switches
+        ``read_stats`` and ``take_events`` off in some examples). Only after a clean last step:
+        a failure already found is the one reported."""
+        self.steps += 1
+        for oracle in self.oracles:
+            oracle.set_step(self.steps)
+            oracle.get_stats()
+            oracle.take_events()
+
+    def _teardown(self):
+        if self.oracles:
             self.count_labels()
             if currently_in_test_context():
                 hypothesis_target(float(self.max_victims), label="victims per offer")
                 hypothesis_target(float(self.max_pinned), label="pinned chunks")
                 hypothesis_target(float(self.pushouts), label="tracker push-outs")
+                # one score for the rarest decisions and the states just before them (a
+                # separate label each would split the search's effort among more targets)
+                near = min(self.lost, 2) + min(self.stale, 2)
                 hypothesis_target(
-                    float(self.rare), label="filtered removals, skips of admitted keys"
+                    float(4 * self.rare + near),
+                    label="filtered removals, skips of admitted keys, and their eves",
                 )
             self._release_contexts()
 
@@ -477,6 +516,58 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             return multiple()
         return self._offer("retry", req, req.last_offer, after_none=req.last_failed)
 
+    def _lost(self) -> list:
+        """Live requests whose admitted keys (this manager, this generation) have since left
+        the cache and the tracker, with those keys: spec A5's named case, where the request's
+        next offer of such a key skips it and that skip counts."""
+        model = self.model
+        if model.threshold < 2:
+            return []
+        now = (self.active, self.generations[self.active])
+        tracked = {k for k, _ in model.tracker}
+        found = []
+        for req in self.live:
+            admitted = req.admitted.get(now, ())
+            keys = [
+                k
+                for k in req.offered
+                if k in admitted and k not in model.resident and k not in tracked
+            ]
+            if keys:
+                found.append((req, keys))
+        return found
+
+    @precondition(lambda self: self._lost())
+    @rule(target=stores, pick=st.integers(0, 2))
+    def reoffer_lost(self, pick):
+        """A request offers again the keys it had admitted and has lost since (a failed store,
+        an eviction) once the tracker let them go: spec A5's case of a later offer's skip."""
+        self._begin()
+        lost = self._lost()
+        req, keys = lost[pick % len(lost)]
+        return self._offer("reoffer_lost", req, keys)
+
+    def _near(self) -> None:
+        """Record how close this step came to the two rarest defects (``teardown`` targets
+        them): admitted keys lost and still wanted, and live requests whose record is of an
+        older generation while keys it saw are resident again (spec R3: it commits nothing)."""
+        self.lost = max(self.lost, sum(len(keys) for _, keys in self._lost()))
+        model = self.model
+        if not model.request or len(model.resident) < 2:
+            return
+        stale = 0
+        for req in self.live:
+            rec = model.slots.get(self.oracle.handle(req.ctx))
+            if (
+                rec is not None
+                and rec.owner is model
+                and rec.generation < model.generation
+                and not rec.committed
+                and any(k in model.resident for k in rec.seen)
+            ):
+                stale += 1
+        self.stale = max(self.stale, stale)
+
     @rule(target=stores, req=requests)
     def preempt_and_resume(self, req):
         """A resumed request re-offers its keys from the first chunk, same context."""
@@ -533,6 +624,7 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             t2_pinned=t2_pinned and needed,
             **facts,
         )
+        self._near()
         if got is None or not got[0]:
             return multiple()
         admitted.update(got[0])
@@ -786,8 +878,10 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
 
     @invariant()
     def agrees_with_model(self):
+        self.clean = False
         for oracle in self.oracles:
             oracle.check_state()
+        self.clean = True  # the step and its checks passed (teardown's final reads)
 
 
 def machine_name(kind: str, spec: str) -> str:
