@@ -529,7 +529,10 @@ def run_case(c: Case) -> None:
     from kvgate.cli.runs import KeepProfile, run_one
     from kvgate.properties.runner import PROFILE_DATABASE
 
-    database = _open_database(c.database) if c.database else PROFILE_DATABASE
+    try:
+        database = _open_database(c.database) if c.database else PROFILE_DATABASE
+    except Exception as exc:  # a UsageError: the folder cannot be made, Redis cannot be reached
+        raise GateError(f"kvgate: {one_line_of(exc)}") from None
     with _KvgateProfiles(), KeepProfile():
         run = run_one(
             c.machine,

@@ -28,6 +28,7 @@ test_offloading = gate("impl:lru", "mutant:every_offer_counts", {QUICK})
 test_known = gate("mutant:skip_metric_every_offer", {QUICK}, known_defects=["{SKIPS}"])
 test_stale = gate("impl:lru", {QUICK}, known_defects=["{SKIPS}"])
 test_refused = gate("impl:lru", {QUICK}, known_defects=["admitted keys"])
+test_no_database = gate("impl:lru", {QUICK}, database="/proc/kvgate-db")
 """
 
 # A suite of its own: a "ci" profile of its own, and a Hypothesis test that counts its examples.
@@ -100,6 +101,7 @@ def test_a_gate_file_is_pytest_items_under_plain_pytest_k_and_xdist(tmp_path):
         "test_known[mutant:skip_metric_every_offer/manager]": "PASSED",
         "test_stale[impl:lru/manager]": "FAILED",
         "test_refused": "FAILED",
+        "test_no_database[impl:lru/manager]": "FAILED",
     }
     assert outcomes(out) == want, out
     # The counterexample reads as a pytest failure: the shrunk steps, the answers, the repro.
@@ -116,10 +118,12 @@ def test_a_gate_file_is_pytest_items_under_plain_pytest_k_and_xdist(tmp_path):
     stale = out.split("test_stale[impl:lru/manager] _")[1]
     assert "it no longer reproduces, so the run fails; remove the declaration" in stale, stale
     assert "the admission rule is what the gate checks" in out.split("_ test_refused _")[1]
+    no_db = out.split("_ test_no_database[impl:lru/manager] _")[1].split("\n_")[0]
+    assert "kvgate: --database /proc/kvgate-db: " in no_db and "Traceback" not in no_db, no_db
 
     code, out = pytest_run(tmp_path, "-rA", "tests", "-k", "offloading and impl")
     assert code == 0 and outcomes(out) == {"test_offloading[impl:lru/manager]": "PASSED"}, out
-    assert "4 deselected" in out, out
+    assert "5 deselected" in out, out
 
     code, out = pytest_run(tmp_path, "-rA", "-n", "2", "tests")
     assert code == 1 and outcomes(out) == want, out
