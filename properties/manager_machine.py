@@ -430,7 +430,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         for oracle in self.oracles:
             oracle.set_step(self.steps)
             oracle.get_stats()
-            oracle.take_events()
+            if oracle is not self.oracle:
+                oracle.take_events()
+        self._drain(final=True)  # the active manager's, recorded as a drain (labels count)
 
     def _teardown(self):
         if self.oracles:
@@ -826,12 +828,18 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
     def take_events(self):
         """Drain the events at a drawn point; they must replay to the ready keys."""
         self._begin()
+        self._drain()
+
+    def _drain(self, final: bool = False):
+        """Drain and record it; ``final`` (teardown's read) leaves the search's score alone:
+        what the end of an example shows must not steer the examples before it."""
         model = self.model
         filtered = any(
             meta and any(k in model.resident for k in keys) for keys, _, meta, _, _ in model.events
         )
         self.oracle.take_events()
-        self.rare += filtered
+        if not final:
+            self.rare += filtered
         self.record("take_events", filtered=filtered)
 
     # --- bad input: a clear error and no change ---
