@@ -11,7 +11,12 @@ import re
 import pytest
 
 from kvgate.cli import main
-from tests.fake_vllm import FakeManager, LookupResult, ReqContext, make_offload_key  # noqa: F401
+from tests.fake_vllm import (  # noqa: F401 - the adapter reads the types off this module
+    FakeManager,
+    LookupResult,
+    ReqContext,
+    make_offload_key,
+)
 
 # The stand-ins below are targets (vllm=tests.test_harness_errors:NAME): this module defines
 # ReqContext and make_offload_key (imported above), so the adapter takes its types from here.
