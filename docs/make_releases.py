@@ -214,8 +214,10 @@ def skip_after_admit(o, ctx, count):  # spec A5: a later offer's first skip, aft
     o.get_stats()
 
 
+other = "offer" if target.feed == "lookup" else "lookup"
 print(json.dumps({
     "counts every " + target.feed: run(counts_twice, 2),
+    "counts every " + other: False,  # the tracker does not count there at all
     "skip overcount": run(skips_twice, 3, stats=True),
     "skip undercount": run(skip_after_admit, 2, tracker=1, stats=True),
 }))
@@ -314,7 +316,7 @@ def page(results: list[dict]) -> str:
         gone.append(
             f"| {defect} | {DEFECTS[defect][0]} | {', '.join(having)} | "
             f"{fixed or 'not gone yet'} |"
-            + (f" not judged on {', '.join(unjudged)} (no metric) |" if unjudged else " |")
+            + (f" not judged on {', '.join(unjudged)} (no get_stats) |" if unjudged else " |")
         )
     sections = []
     for r in results:
