@@ -56,6 +56,7 @@ FAULTS = {
     "keep_finished": "after it finished and its transfers settled",
     "ignore_max_load": "phantom hit: the connector reported",
     "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
+    "lock_left_held": "the manager's lock is still held after the step's metadata was built",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost

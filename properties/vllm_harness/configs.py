@@ -34,6 +34,7 @@ FAULTS = (
     "keep_finished",
     "ignore_max_load",
     "drop_failure_metric",
+    "lock_left_held",
 )
 
 

@@ -125,6 +125,7 @@ class VllmEngine:
         )
         self.front.exact = self.exact
         self.queue: list[_Batch] = []
+        self.requests: dict[str, Any] = {}  # every request added, finished ones too
         self.steps = 0
         self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
         self.counts = Counter()
@@ -185,6 +186,7 @@ class VllmEngine:
             block_hasher=self.cfg.block_hasher(self.setup.block_size),
         )
         self.sched.add_request(request)
+        self.requests[req_id] = request
         return request
 
     def abort(self, req_id: str) -> None:
@@ -221,6 +223,8 @@ class VllmEngine:
             kv_output, stores = self.worker.report()
             if out.preempted_req_ids:
                 self.exact.preempted(out.preempted_req_ids)
+            self.exact.scheduled(out.num_scheduled_tokens)
+            self.exact.lock_free(self.front.held, "after the step's metadata was built")
             self.exact.after_schedule(self._unsettled() | _completed(kv_output))
             sampled = {}
             for req_id in out.num_scheduled_tokens:
@@ -253,6 +257,7 @@ class VllmEngine:
         self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
         self.checks.reported(batch.stores)
         self.exact.updated(settled=not self.queue)
+        self.exact.lock_free(self.front.held, "after the scheduler applied an update")
         self.worker.check_ready(self._ready)
         if self.setup.kv_events:  # with events off, nothing is announced, by design
             self.checks.check_events(self.cfg.external_hash)

@@ -10,11 +10,18 @@
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
   is reset (a ``None`` leaves it to be offered again: a retry);
+- **offered at all**: when a request finishes that saw no cache reset and ran since it last
+  started at chunk 0 (its admission, a preemption), every chunk of its computed prefix that
+  may be offloaded (the prompt's, with ``offload_prompt_only``) was offered since then, or
+  loaded (the connector's final offer comes in the step after the request ends);
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
   runs, and each key at the position its chunk ends (where the release's context has these);
 - **metric exact**: the connector's own allocation-failure counter (which its stats carry to
   the scheduler after each update) adds up to the ``None`` answers of ``prepare_store``;
+- **the manager's lock**: every manager call of the connector comes inside the manager's lock,
+  and no region of it is still held once a step's metadata is built or an update is applied
+  (the manager is free while the model runs);
 - **nothing left behind**: after each step's metadata, the connector keeps per-request state
   only for requests that are still running or still have transfers in flight, tracks only jobs
   the worker has not reported, and pins GPU blocks and loading chunks only for such jobs.
@@ -24,7 +31,8 @@ reported than the tier holds), ``reoffer`` (the stored-chunk index never advance
 offered again at every step), ``skip_new_request`` (``on_new_request`` never reaches the
 manager), ``keep_finished`` (a finished request's state is never dropped),
 ``ignore_max_load`` (a request's ``max_load_tokens`` is never read), ``drop_failure_metric``
-(one failed store allocation never reaches the connector's metric).
+(one failed store allocation never reaches the connector's metric), ``lock_left_held`` (the
+step's region of the manager's lock is never closed).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ EXACT_FAULTS = (
     "keep_finished",
     "ignore_max_load",
     "drop_failure_metric",
+    "lock_left_held",
 )
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
@@ -65,6 +74,11 @@ class ExactChecks:
         self.accepted: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys
         self.announced: set[str] = set()  # requests the manager heard of
         self.failures_reported = 0  # the connector's allocation-failure metric, summed
+        self.offers: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys offered
+        self.loads: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys loaded
+        self.in_reset = False
+        self.ran: set[tuple] = set()  # (req, generation, epoch) scheduled at least once
+        self.admitted: dict[str, int] = {}  # req -> the cache generation it was added in
         self.stats = checks.stats
         self._wrap()
 
@@ -84,6 +98,16 @@ class ExactChecks:
             return got
 
         conn.get_num_new_matched_tokens = get_num_new_matched_tokens
+        reset_cache = conn.reset_cache
+
+        def reset_cache_watched(*args, **kwargs):
+            self.in_reset = True
+            try:
+                return reset_cache(*args, **kwargs)
+            finally:
+                self.in_reset = False
+
+        conn.reset_cache = reset_cache_watched
         if self.fault == "reoffer" and hasattr(conn, "_req_status"):
             build = conn._build_store_jobs
 
@@ -109,6 +133,8 @@ class ExactChecks:
                 return stats
 
             conn.get_stats = counted_get_stats
+        if self.fault == "lock_left_held" and hasattr(conn, "_release_step"):
+            conn._release_step = lambda: None
         if self.fault == "ignore_max_load" and hasattr(conn, "_req_status"):
             new_request = conn.on_new_request
 
@@ -166,12 +192,18 @@ class ExactChecks:
             )
 
     # ------------------------------------------------------------------ offers
+    def scheduled(self, req_ids) -> None:
+        for req_id in req_ids:
+            self.ran.add(self._who(req_id))
+
     def preempted(self, req_ids) -> None:
         for req_id in req_ids:
             self.epoch[req_id] = self.epoch.get(req_id, 0) + 1
 
     def new_request(self, ctx: Any) -> None:
-        self.announced.add(str(getattr(ctx, "req_id", "")))
+        req_id = str(getattr(ctx, "req_id", ""))
+        self.announced.add(req_id)
+        self.admitted[req_id] = self.checks.generation
 
     def named(self, call: str, ctx: Any) -> None:
         """A manager call with a request's context: the manager must have heard of it."""
@@ -184,12 +216,55 @@ class ExactChecks:
                 "that request"
             )
 
+    def _who(self, req_id: str) -> tuple:
+        return (req_id, self.checks.generation, self.epoch.get(req_id, 0))
+
+    def loaded(self, keys: list[bytes], ctx: Any) -> None:
+        req_id = str(getattr(ctx, "req_id", ""))
+        self.loads.setdefault(self._who(req_id), set()).update(bytes(k) for k in keys)
+
+    def finished(self, ctx: Any) -> None:
+        """``on_request_finished``, from the step after the request ended (not from a cache
+        reset, which ends requests whose finish-time offer never came): every chunk of its
+        computed, offloadable prefix was offered since it last restarted at chunk 0 (a
+        preemption, a reset), or loaded."""
+        if self.in_reset:
+            return
+        req_id = str(getattr(ctx, "req_id", ""))
+        request = self.engine.requests.get(req_id)
+        if request is None:
+            return
+        from vllm.v1.request import RequestStatus
+
+        computed = request.num_computed_tokens
+        if request.status != RequestStatus.FINISHED_ABORTED:
+            computed = min(computed, max(request.num_prompt_tokens, request.num_tokens - 1))
+        if self.engine.setup.offload_prompt_only:
+            computed = min(computed, request.num_prompt_tokens)
+        who = self._who(req_id)
+        if who not in self.ran or self.admitted.get(req_id) != self.checks.generation:
+            return  # not scheduled since it last restarted, or a cache reset in its life
+        covered = self.offers.get(who, set())
+        keys = self._keys(request)[: computed // self.chunk_tokens]
+        loaded = self.loads.get(who, set())
+        # A chunk-level offloading context skips the chunks a load covered, and the GPU hits
+        # before them: everything up to the last chunk loaded.
+        upto = max((i + 1 for i, k in enumerate(keys) if k in loaded), default=0)
+        missed = [k for k in keys[upto:] if k not in covered]
+        if missed:
+            self.checks.fail(
+                f"{req_id} finished with {computed} offloadable token(s) computed, but "
+                f"{', '.join(self.checks.name(k) for k in missed)} never offered to the "
+                "manager since it last started at chunk 0"
+            )
+
     def offered(self, keys: list[bytes], ctx: Any, out: Any) -> None:
         req_id = str(getattr(ctx, "req_id", ""))
         self._told_right(keys, ctx, req_id)
+        who = self._who(req_id)
+        self.offers.setdefault(who, set()).update(keys)
         if out is None:
             return
-        who = (req_id, self.checks.generation, self.epoch.get(req_id, 0))
         done = self.accepted.setdefault(who, set())
         again = [k for k in keys if k in done]
         if again:
@@ -203,12 +278,19 @@ class ExactChecks:
         request = self.engine.sched.requests.get(req_id)
         if request is None:
             return
-        prompt = getattr(ctx, "num_prompt_tokens", None)
-        if prompt is not None and prompt != request.num_prompt_tokens:
-            self.checks.fail(
-                f"the manager's context says {req_id} has a prompt of {prompt} tokens; "
-                f"it has {request.num_prompt_tokens}"
-            )
+        for field in ("num_prompt_tokens", "num_tokens"):
+            if not hasattr(type(ctx), field):  # a release whose context has no token counts
+                continue
+            try:
+                said = getattr(ctx, field)
+            except Exception as exc:
+                said = f"nothing ({type(exc).__name__})"
+            if said != getattr(request, field):
+                self.checks.fail(
+                    f"the manager's context of {req_id} says {field} {said}; the request has "
+                    f"{getattr(request, field)}"
+                )
+                return
         position = getattr(ctx, "get_offload_key_position", None)
         if position is None:
             return
@@ -237,6 +319,17 @@ class ExactChecks:
                 f"{self.failures_reported} failed store allocation(s); prepare_store answered "
                 f"None {counted} time(s)"
             )
+
+    # ------------------------------------------------------------------ the manager's lock
+    def locked_call(self, name: str, held: int) -> None:
+        """The connector enters the manager only inside the manager's lock (where it has one:
+        a release whose connector holds a step region)."""
+        if held <= 0 and hasattr(self.conn, "_acquire_step"):
+            self.checks.fail(f"the connector called the manager's {name} outside its lock")
+
+    def lock_free(self, held: int, when: str) -> None:
+        if held and hasattr(self.conn, "_acquire_step"):
+            self.checks.fail(f"the manager's lock is still held {when}")
 
     # ------------------------------------------------------------------ state left behind
     def after_schedule(self, in_flight: set[int]) -> None:

@@ -57,12 +57,29 @@ class Front:
 
     @property
     def lock(self):
-        return getattr(self.real, "lock", None) or contextlib.nullcontext()
+        """The manager's lock, watched: ``held`` counts the regions inside it."""
+        return _WatchedLock(self, getattr(self.real, "lock", None) or contextlib.nullcontext())
+
+    held = 0  # regions of the connector inside the manager's lock, now
+    LOCKED_CALLS = frozenset(
+        {
+            "lookup",
+            "prepare_load",
+            "complete_load",
+            "prepare_store",
+            "complete_store",
+            "on_new_request",
+            "on_request_finished",
+            "reset_cache",
+        }
+    )
 
     def _through(self, name: str, *args, **kwargs) -> Any:
         """The call through the oracle; what the real manager answered (``None`` where the
         oracle did not ask it: a call the target lacks)."""
         self.calls[name] += 1
+        if self.exact is not None and name in self.LOCKED_CALLS:
+            self.exact.locked_call(name, self.held)
         self.adapter.raw = _NOT_ASKED
         getattr(self.oracle, name)(*args, **kwargs)
         raw, self.adapter.raw = self.adapter.raw, None
@@ -81,6 +98,8 @@ class Front:
         keys = list(keys)
         out = self._through("prepare_load", keys, req_context)
         self.checks.loaded(keys, out)
+        if self.exact is not None:
+            self.exact.loaded([bytes(k) for k in keys], req_context)
         return out
 
     def complete_load(self, keys, req_context=None):
@@ -123,6 +142,8 @@ class Front:
         return self._through("on_new_request", req_context)
 
     def on_request_finished(self, req_context):
+        if self.exact is not None:
+            self.exact.finished(req_context)
         return self._through("on_request_finished", req_context)
 
     def reset_cache(self):
@@ -158,6 +179,22 @@ class Front:
             return real(*args, **kwargs)
 
         return call
+
+
+class _WatchedLock:
+    """The manager's lock as the connector enters it, counting the regions held."""
+
+    def __init__(self, front: Front, lock: Any):
+        self.front, self.lock = front, lock
+
+    def __enter__(self):
+        out = self.lock.__enter__()
+        self.front.held += 1
+        return out
+
+    def __exit__(self, *exc):
+        self.front.held -= 1
+        return self.lock.__exit__(*exc)
 
 
 class _Unchecked:
