@@ -278,7 +278,12 @@ class ExactChecks:
         request = self.engine.sched.requests.get(req_id)
         if request is None:
             return
-        for field in ("num_prompt_tokens", "num_tokens"):
+        for field in (
+            "num_prompt_tokens",
+            "num_tokens",
+            "num_computed_tokens",
+            "num_in_flight_tokens",
+        ):
             if not hasattr(type(ctx), field):  # a release whose context has no token counts
                 continue
             try:
