@@ -19,9 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvgate.impl.traces import load_trace
 from kvgate.replay import ReplaySettings, replay
 
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[1] / "data/mooncake/conversation_trace.jsonl"
-)
+DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "data/mooncake/conversation_trace.jsonl"
 
 
 def main() -> int:
