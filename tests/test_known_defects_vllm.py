@@ -31,7 +31,7 @@ from kvgate.pytest_plugin import gate
 # Remove this line with the fix: the gate then fails until it is removed.
 KNOWN = ["{SKIP_METRIC}"]
 
-test_cpu_offloading_manager = gate("vllm", profile="ci", known_defects=KNOWN)
+test_cpu_offloading_manager = gate("vllm", known_defects=KNOWN)
 '''
 
 MENDED_GATE = f"""
