@@ -295,6 +295,8 @@ class Case:
     target: Any = None  # the resolved Target
     left_out: str = ""  # why this machine does not run on this target
     error: str = ""  # a usage or target error, one line
+    # the item's user_properties: what a JUnit report shows of the run (<properties>)
+    properties: list = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -432,6 +434,7 @@ def _items(parent, name: str, g: Gate) -> list[GateItem]:
             callobj=_bound_run(c),
         )
         item.case = c
+        c.properties = item.user_properties
         item.add_marker(pytest.mark.kvgate)
         item.add_marker(pytest.mark.hypothesis)  # a Hypothesis test (`-m hypothesis`, HypoFuzz)
         if c.left_out:
@@ -546,6 +549,8 @@ def run_case(c: Case) -> None:
         )
     out = _Lines()
     print_run(out, run)
+    for line in out.lines:  # the run line and its known defects, for the JUnit report
+        c.properties.append(("kvgate", line.strip()))
     if run.status == "ERROR":
         raise GateError(f"kvgate: {run.name}: {run.target_error}")
     if run.status == "FAIL":

@@ -125,8 +125,11 @@ def test_a_gate_file_is_pytest_items_under_plain_pytest_k_and_xdist(tmp_path):
     assert code == 0 and outcomes(out) == {"test_offloading[impl:lru/manager]": "PASSED"}, out
     assert "5 deselected" in out, out
 
-    code, out = pytest_run(tmp_path, "-rA", "-n", "2", "tests")
+    code, out = pytest_run(tmp_path, "-rA", "-n", "2", "tests", "--junitxml", "junit.xml")
     assert code == 1 and outcomes(out) == want, out
+    junit = (tmp_path / "junit.xml").read_text()  # each item's run line, known defects listed
+    assert 'name="test_known[mutant:skip_metric_every_offer/manager]"' in junit, junit
+    assert f'value="known defect {SKIPS}: still present' in junit, junit
 
 
 def test_the_command_line_gates_a_target_without_a_test_file(tmp_path):
