@@ -92,17 +92,30 @@ class BytesWorker(FakeWorker):
         self.key_chunk: dict[bytes, int] = {}
         self.load_keys: dict[int, tuple[bytes, ...]] = {}  # id(load spec) -> its keys
         self.copy_seq = 0
+        self._chains: dict[tuple[int, ...], list[int]] = {}
+        self.fresh: set[bytes] = set()  # keys whose chunk was written since the last check
 
     # --- contents
     def _chain(self, tokens: list[int]) -> list[int]:
-        chain = content_chain(tokens)
+        """The content words of ``tokens`` (cached by the whole token tuple)."""
+        key = tuple(tokens)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = content_chain(key)
+            self.names.setdefault(chain[-1] if chain else 0, key)
+        return chain
+
+    def _name_words(self, tokens: list[int], chain: list[int]) -> None:
+        """Name every word of a chain (only to say what a failure found)."""
         for p, word in enumerate(chain):
             self.names.setdefault(word, tuple(tokens[: p + 1]))
-        return chain
 
     def _what(self, word: int) -> str:
         if word == 0:
             return "nothing (never written)"
+        if word not in self.names:
+            for tokens, chain in list(self._chains.items()):
+                self._name_words(list(tokens), chain)
         prefix = self.names.get(word)
         return self.describe(prefix) if prefix is not None else f"unknown content {word:#x}"
 
@@ -177,8 +190,11 @@ class BytesWorker(FakeWorker):
             old = self.chunk_key.get(chunk)
             if old is not None and self.key_chunk.get(old) == chunk:
                 del self.key_chunk[old]
+            if old is not None:
+                self.fresh.add(old)
             self.chunk_key[chunk] = key
             self.key_chunk[key] = chunk
+            self.fresh.add(key)
         self.stats["bytes stored"] += len(gpu_ids) * self.bs * 8
 
     def _load(self, job_id, req_id, gpu_ids, chunks, offset, first, keys) -> None:
@@ -226,7 +242,7 @@ class BytesWorker(FakeWorker):
             end = computed[req_id]
             start = end - n
             blocks = self.blocks_of(req_id)
-            chain = self._chain(tokens[:end])
+            chain = self._chain(tokens)  # the whole sequence: a prefix's words are its own
             self._check_context(req_id, blocks, chain, start)
             for p in range(start, end):
                 b = p // self.bs
@@ -235,29 +251,33 @@ class BytesWorker(FakeWorker):
             self.stats["positions written"] += n
 
     def _check_context(self, req_id: str, blocks: list[int], chain: list[int], upto: int) -> None:
-        for b in range(-(-upto // self.bs)):
-            if b >= len(blocks):
-                self.checks.fail(
-                    f"{req_id} computes with {upto} tokens but has {len(blocks)} blocks"
-                )
-                return
-            lo, hi = b * self.bs, min(upto, (b + 1) * self.bs)
-            got = self.gpu[blocks[b], : hi - lo].tolist()
-            want = chain[lo:hi]
-            if got != want:
-                bad = next(i for i, (w, x) in enumerate(zip(got, want)) if w != x)
-                self.checks.fail(
-                    f"{req_id} computes with GPU block {blocks[b]} (tokens {lo}-{hi - 1}) "
-                    f"holding {self._what(got[bad])} at token {lo + bad}, where its own prefix "
-                    f"{self._what(want[bad])} belongs"
-                )
-                return
+        import torch
+
+        nblocks = -(-upto // self.bs)
+        if nblocks > len(blocks):
+            self.checks.fail(f"{req_id} computes with {upto} tokens but has {len(blocks)} blocks")
+            return
+        if not upto:
+            return
+        got = self.gpu[torch.tensor(blocks[:nblocks], dtype=torch.long)].reshape(-1)[:upto]
+        want = torch.tensor(chain[:upto], dtype=torch.int64)
+        wrong = (got != want).nonzero()
+        if len(wrong):
+            p = int(wrong[0])
+            b = p // self.bs
+            self.checks.fail(
+                f"{req_id} computes with GPU block {blocks[b]} (tokens {b * self.bs}-"
+                f"{(b + 1) * self.bs - 1}) holding {self._what(int(got[p]))} at token {p}, where "
+                f"its own prefix {self._what(chain[p])} belongs"
+            )
 
     # --- after every update
     def check_ready(self, is_ready: Callable[[bytes], bool]) -> None:
         """Each key the manager reports ready sits in a chunk holding that key's content."""
-        for key, chunk in list(self.key_chunk.items()):
-            if not is_ready(key):
+        fresh, self.fresh = self.fresh, set()
+        for key in fresh:
+            chunk = self.key_chunk.get(key)
+            if chunk is None or not is_ready(key):
                 continue
             want = self._expect_chunk(key)
             got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()

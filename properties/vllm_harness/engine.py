@@ -107,6 +107,7 @@ class VllmEngine:
         self.connector.manager = self.front
         self.sched.kv_event_publisher = _Published(self.checks)
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
+        self._learned: dict[str, int] = {}  # req -> block hashes already learned
         self.describe: Callable[[tuple[int, ...]], str] = lambda t: repr(list(t))
         self.worker = BytesWorker(
             self.checks,
@@ -157,7 +158,13 @@ class VllmEngine:
         bpc, bs = self.setup.blocks_per_chunk, self.setup.block_size
         for req in self.sched.requests.values():
             tokens = None
-            for i, block_hash in enumerate(req.block_hashes):
+            hashes = req.block_hashes
+            learned = self._learned.get(req.request_id, 0)
+            if learned >= len(hashes):
+                continue
+            self._learned[req.request_id] = len(hashes)
+            for i in range(learned, len(hashes)):
+                block_hash = hashes[i]
                 if (i + 1) % bpc:
                     continue
                 key = bytes(block_hash) + b"\0\0\0\0"
