@@ -22,6 +22,7 @@ SKIPS = "vllm:kv_offload_stores_skipped"
 QUICK = 'machines="manager", max_examples=30'
 
 GATE_FILE = f"""
+from kvgate.impl.manager import OffloadingManager
 from kvgate.pytest_plugin import gate
 
 test_offloading = gate("impl:lru", "mutant:every_offer_counts", {QUICK})
@@ -29,6 +30,7 @@ test_known = gate("mutant:skip_metric_every_offer", {QUICK}, known_defects=["{SK
 test_stale = gate("impl:lru", {QUICK}, known_defects=["{SKIPS}"])
 test_refused = gate("impl:lru", {QUICK}, known_defects=["admitted keys"])
 test_no_database = gate("impl:lru", {QUICK}, database="/proc/kvgate-db")
+test_class = gate(OffloadingManager, {QUICK})
 """
 
 # A suite of its own: a "ci" profile of its own, and a Hypothesis test that counts its examples.
@@ -102,6 +104,7 @@ def test_a_gate_file_is_pytest_items_under_plain_pytest_k_and_xdist(tmp_path):
         "test_stale[impl:lru/manager]": "FAILED",
         "test_refused": "FAILED",
         "test_no_database[impl:lru/manager]": "FAILED",
+        "test_class[kvgate.impl.manager:OffloadingManager/manager]": "PASSED",
     }
     assert outcomes(out) == want, out
     # The counterexample reads as a pytest failure: the shrunk steps, the answers, the repro.
@@ -121,9 +124,9 @@ def test_a_gate_file_is_pytest_items_under_plain_pytest_k_and_xdist(tmp_path):
     no_db = out.split("_ test_no_database[impl:lru/manager] _")[1].split("\n_")[0]
     assert "kvgate: --database /proc/kvgate-db: " in no_db and "Traceback" not in no_db, no_db
 
-    code, out = pytest_run(tmp_path, "-rA", "tests", "-k", "offloading and impl")
+    code, out = pytest_run(tmp_path, "-rA", "tests", "-k", "test_offloading and impl")
     assert code == 0 and outcomes(out) == {"test_offloading[impl:lru/manager]": "PASSED"}, out
-    assert "5 deselected" in out, out
+    assert "6 deselected" in out, out
 
     code, out = pytest_run(tmp_path, "-rA", "-n", "2", "tests", "--junitxml", "junit.xml")
     assert code == 1 and outcomes(out) == want, out
@@ -206,3 +209,14 @@ def test_a_campaign_keys_its_finds_where_the_gate_replays_them():
     case = Case("t", target.spec, "manager", "dev", (), None, None, None, None, target=target)
     fuzzed = get_state_machine_test(_fuzz_machine(case), settings=case.settings)
     assert keys == {function_digest(fuzzed.hypothesis.inner_test)}
+
+
+def test_a_class_is_gated_through_the_interface_it_derives_from():
+    from kvgate.impl.manager import OffloadingManager
+    from kvgate.pytest_plugin import target_spec
+
+    vllm_base = type("CPUOffloadingManager", (), {"__module__": "vllm.v1.kv_offload.cpu.manager"})
+    patched = type("Patched", (vllm_base,), {"__module__": "mypkg.managers"})
+    assert target_spec(patched) == "vllm=mypkg.managers:Patched"
+    assert target_spec(OffloadingManager) == "kvgate.impl.manager:OffloadingManager"
+    assert target_spec("vllm") == "vllm"
