@@ -123,7 +123,7 @@ def write_repro(path: str, runs: Sequence[Run], steps: int) -> int:
 
     failures = []
     for run in runs:
-        if run.status != "FAIL" or not run.result.program:
+        if run.status != "FAIL" or run.result is None or not run.result.program:
             continue  # passed, or failed with no steps to replay (a known defect gone)
         r = run.result
         notes = [
