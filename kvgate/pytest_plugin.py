@@ -173,8 +173,9 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(
             f"--kvgate-profile {profile!r}: not a kvgate profile; one of {', '.join(PROFILE_NAMES)}"
         )
-    if _command_line_gate(config) is not None:
-        known = _command_line_gate(config).known_defects
+    command_line = _command_line_gate(config)
+    if command_line is not None:
+        known = command_line.known_defects
         if known:
             _kvgate_profiles()
             from kvgate.properties.known import KnownDefectError, check_declarations
@@ -418,9 +419,9 @@ def _cases(name: str, g: Gate, config: pytest.Config) -> list[Case]:
     except (UsageError, TargetError, KnownDefectError) as exc:
         return [case(", ".join(g.targets), g.machines or "all", error=one_line_of(exc))]
     out = [case(target.spec, kind, target=target) for kind, target in plan.runs]
+    named = g.machines.split(",") if g.machines and g.machines != "all" else None
     for kind, why, specs in plan.left_out:
-        named = g.machines and g.machines != "all"
-        if not named or kind in g.machines.split(","):  # a machine not named is no item
+        if named is None or kind in named:  # a machine the gate did not name is no item
             out += [case(spec, kind, left_out=why) for spec in specs]
     return out
 
@@ -500,13 +501,15 @@ def _fuzz_machine(c: Case):
     target = with_known(c.target, KnownDefects(c.known)) if c.known else c.target
     machine = build_machine(c.machine, target)
 
-    class Fuzzed(machine):
-        def __init__(self):
-            super().__init__()
+    def __init__(self):  # the signature of the runner's wrapper, annotations too: one digest
+        machine.__init__(self)
 
-    Fuzzed.__name__ = Fuzzed.__qualname__ = machine.__name__
-    Fuzzed._hypothesis_internal_add_digest = machine.__name__.encode()
-    return Fuzzed
+    # Named as the machine and keyed by its name, as properties/runner.py keys its own run.
+    return type(
+        machine.__name__,
+        (machine,),
+        {"__init__": __init__, "_hypothesis_internal_add_digest": machine.__name__.encode()},
+    )
 
 
 # --------------------------------------------------------------------------- running
@@ -547,7 +550,7 @@ def run_case(c: Case) -> None:
             database,
             known=c.known,
         )
-    out = _Lines()
+    out: Any = _Lines()  # what the printers call of a Display
     print_run(out, run)
     for line in out.lines:  # the run line and its known defects, for the JUnit report
         c.properties.append(("kvgate", line.strip()))
