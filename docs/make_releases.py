@@ -290,14 +290,19 @@ def manager_of(note: str) -> str:
 def found_of(note: str) -> str:
     """The capabilities the adapter found, from its note line (version and class left out)."""
     parts = [p.strip() for p in note.split(";")[2:]] if note else []
-    return "; ".join(parts) or "-"
+    return code("; ".join(parts)) if parts else "-"
+
+
+def code(text: str) -> str:
+    """kvgate's own output quoted as it printed it (a code span: its citations are Python's)."""
+    return f"`{text}`" if text else ""
 
 
 def page(results: list[dict]) -> str:
     rows = []
     for r in results:
         verdict = {0: "passes", 1: "fails", 2: "not judged"}.get(r["code"], f"exit {r['code']}")
-        rule = DEFECTS[r["defect"]][0] if r["defect"] else (r["why"] or r["line"] or "-")
+        rule = DEFECTS[r["defect"]][0] if r["defect"] else code(r["why"] or r["line"]) or "-"
         also = ", ".join(d for d, yes in r["has"].items() if yes) or "-"
         rows.append(
             f"| {r['version']} | {manager_of(r['note'])} | {found_of(r['note'])} | "
@@ -329,11 +334,11 @@ def page(results: list[dict]) -> str:
         )
         parts.append("")
         if r["line"]:
-            parts += [f"It says: {r['line']}", ""]
+            parts += [f"It says: {code(r['line'])}", ""]
         if r["defect"]:
             parts += [f"Rule broken: {DEFECTS[r['defect']][0]}. {DEFECTS[r['defect']][1]}", ""]
         if r["unchecked"]:
-            parts += [f"Not checked: {r['unchecked']}.", ""]
+            parts += [f"Not checked: {code(r['unchecked'])}.", ""]
         if r["counterexample"]:
             parts += ["```", r["counterexample"], "```", ""]
         sections.append("\n".join(parts))
@@ -374,7 +379,7 @@ def _key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", version))
 
 
-def write(versions: list[str], envs: Path, out: Path) -> int:
+def write(versions: list[str], envs: Path, out: Path, results_file: Path | None = None) -> int:
     found = built(versions, envs)
     if not found:
         print(
@@ -392,6 +397,12 @@ def write(versions: list[str], envs: Path, out: Path) -> int:
             flush=True,
         )
         results.append(result)
+    if results_file is not None:  # to render the page again without running anything
+        results_file.write_text(json.dumps(results, indent=1))
+    return render(results, out)
+
+
+def render(results: list[dict], out: Path) -> int:
     tmp = out.with_suffix(".tmp")
     tmp.write_text(page(results).rstrip() + "\n")
     os.replace(tmp, out)
@@ -404,13 +415,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("versions", nargs="*", default=SWEEP)
     p.add_argument("--build", action="store_true", help="build the environments (no page)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "releases.md")
+    p.add_argument("--results", type=Path, help="also write what each run found, as JSON")
+    p.add_argument("--render", type=Path, help="write the page from such a JSON; run nothing")
     p.add_argument(
         "--envs", type=Path, default=Path(os.environ.get("KVGATE_VLLM_ENVS", ROOT / ".vllm"))
     )
     args = p.parse_args(argv)
     if args.build:
         return build(args.versions, args.envs)
-    return write(args.versions, args.envs, args.out)
+    if args.render is not None:
+        return render(json.loads(args.render.read_text()), args.out)
+    return write(args.versions, args.envs, args.out, args.results)
 
 
 if __name__ == "__main__":
