@@ -331,7 +331,8 @@ class LockstepManager:
         """A lookup; on a target whose tracker is fed at lookups (spec §3.2) it counts, once
         per request and generation, in the model too, and the tracker is checked after it."""
         args = (key,)
-        req = None if ctx is None else self.handle(ctx)
+        counts = ctx is not None and self.model.feed == "lookup" and self.model.threshold >= 2
+        req = self.handle(ctx) if counts else None  # else no handle: lookups name no request
         before = {k for k, _ in self.model.tracker}
         t, m = self._both(
             "lookup",
@@ -340,7 +341,7 @@ class LockstepManager:
             lambda: self.model.lookup(key, req),
         )
         self._expect("lookup", args, t, m)
-        if req is not None and self.model.feed == "lookup" and self.model.threshold >= 2:
+        if counts:
             self.offers.offered([key], req, before)
             self._tracker_dirty = True
         return t
