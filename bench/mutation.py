@@ -6,6 +6,10 @@
     python -m bench.mutation --run --suite vllm-0.34.0  # a vLLM release's manager and policies
     python -m bench.mutation --report           # rewrite docs/mutation.md from the JSON only
 
+The connector suites (vLLM's offloading connector, scheduler side, against kvgate's machine and
+against vLLM's own connector unit tests: issue 30) run apart, without mutmut, by
+``python -m bench.connector_mutants VERSION vllm|kvgate`` (bench/connector_mutants.py).
+
 ``--run`` is the one command (docs/mutation.md): it stages the tree, runs ``mutmut run`` there,
 reads every mutant's verdict, merges the hand-made survivor classification
 (``docs/mutation-verdicts.toml``) and writes ``bench/results/mutation.json`` and the generated

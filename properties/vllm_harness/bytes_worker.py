@@ -41,9 +41,10 @@ BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk")
 _MASK = (1 << 62) - 1
 
 
-def content_chain(tokens: Iterable[int]) -> list[int]:
-    """The content word of each position: ``out[p]`` names ``tokens[:p + 1]`` (never 0)."""
-    out, value = [], 1
+def content_chain(tokens: Iterable[int], value: int = 1) -> list[int]:
+    """The content word of each position: ``out[p]`` names ``tokens[:p + 1]`` (never 0);
+    ``value``: the word of what comes before ``tokens`` (1: nothing)."""
+    out = []
     for token in tokens:
         value = (hash((value, int(token))) & _MASK) | 1
         out.append(value)
@@ -93,6 +94,7 @@ class BytesWorker(FakeWorker):
         self.load_keys: dict[int, tuple[bytes, ...]] = {}  # id(load spec) -> its keys
         self.copy_seq = 0
         self._chains: dict[tuple[int, ...], list[int]] = {}
+        self._ends: dict[tuple[int, ...], int] = {}  # prefix -> its last word
         self.fresh: set[bytes] = set()  # keys whose chunk was written since the last check
 
     # --- contents
@@ -124,12 +126,27 @@ class BytesWorker(FakeWorker):
         prefix = self.prefix_of(key)
         if prefix is None:
             return None
-        chain = self._chain(list(prefix))
         end = len(prefix)
         start = end - self.bpc * self.bs
         if start < 0:
             return None
-        return [chain[start + s * self.bs : start + (s + 1) * self.bs] for s in range(self.bpc)]
+        words = content_chain(prefix[start:], self._end_word(prefix[:start]))
+        self._ends.setdefault(prefix, words[-1])
+        return [words[s * self.bs : (s + 1) * self.bs] for s in range(self.bpc)]
+
+    def _end_word(self, prefix: tuple[int, ...]) -> int:
+        """The word of a whole prefix (1 for the empty one), from the words of shorter ones."""
+        if not prefix:
+            return 1
+        word = self._ends.get(prefix)
+        if word is None:
+            cut = len(prefix) - self.bpc * self.bs
+            if cut > 0 and prefix[:cut] in self._ends:
+                word = content_chain(prefix[cut:], self._ends[prefix[:cut]])[-1]
+            else:
+                word = content_chain(prefix)[-1]
+            self._ends[prefix] = word
+        return word
 
     # --- the worker side
     def receive(self, meta: Any) -> None:
@@ -235,6 +252,8 @@ class BytesWorker(FakeWorker):
         """A batch runs: ``scheduled[req] = n`` tokens computed from position
         ``computed[req] - n``. First what each request computes with is checked, then the
         new positions are written."""
+        import torch
+
         for req_id, n in scheduled.items():
             tokens = self.tokens_of(req_id)
             if tokens is None or n <= 0:
@@ -244,10 +263,11 @@ class BytesWorker(FakeWorker):
             blocks = self.blocks_of(req_id)
             chain = self._chain(tokens)  # the whole sequence: a prefix's words are its own
             self._check_context(req_id, blocks, chain, start)
-            for p in range(start, end):
-                b = p // self.bs
-                if b < len(blocks):
-                    self.gpu[blocks[b], p % self.bs] = chain[p]
+            end = min(end, len(blocks) * self.bs)
+            if end > start:
+                rows = [blocks[p // self.bs] for p in range(start, end)]
+                cols = [p % self.bs for p in range(start, end)]
+                self.gpu[rows, cols] = torch.tensor(chain[start:end], dtype=torch.int64)
             self.stats["positions written"] += n
 
     def _check_context(self, req_id: str, blocks: list[int], chain: list[int], upto: int) -> None:
