@@ -95,6 +95,7 @@ class BytesWorker(FakeWorker):
         self.copy_seq = 0
         self._chains: dict[tuple[int, ...], list[int]] = {}
         self._ends: dict[tuple[int, ...], int] = {}  # prefix -> its last word
+        self._requests: dict[str, tuple] = {}  # req -> (length, words, words as a tensor)
         self.fresh: set[bytes] = set()  # keys whose chunk was written since the last check
 
     # --- contents
@@ -261,8 +262,8 @@ class BytesWorker(FakeWorker):
             end = computed[req_id]
             start = end - n
             blocks = self.blocks_of(req_id)
-            chain = self._chain(tokens)  # the whole sequence: a prefix's words are its own
-            self._check_context(req_id, blocks, chain, start)
+            chain, words = self._request_chain(req_id, tokens)
+            self._check_context(req_id, blocks, chain, start, words)
             end = min(end, len(blocks) * self.bs)
             if end > start:
                 rows = [blocks[p // self.bs] for p in range(start, end)]
@@ -270,7 +271,23 @@ class BytesWorker(FakeWorker):
                 self.gpu[rows, cols] = torch.tensor(chain[start:end], dtype=torch.int64)
             self.stats["positions written"] += n
 
-    def _check_context(self, req_id: str, blocks: list[int], chain: list[int], upto: int) -> None:
+    def _request_chain(self, req_id: str, tokens: list[int]):
+        """A request's words, as a list and a tensor, built once per request."""
+        import torch
+
+        entry = self._requests.get(req_id)
+        if entry is None or entry[0] != len(tokens):
+            chain = self._chain(tokens)
+            entry = self._requests[req_id] = (
+                len(tokens),
+                chain,
+                torch.tensor(chain, dtype=torch.int64),
+            )
+        return entry[1], entry[2]
+
+    def _check_context(
+        self, req_id: str, blocks: list[int], chain: list[int], upto: int, words=None
+    ) -> None:
         import torch
 
         nblocks = -(-upto // self.bs)
@@ -280,7 +297,7 @@ class BytesWorker(FakeWorker):
         if not upto:
             return
         got = self.gpu[torch.tensor(blocks[:nblocks], dtype=torch.long)].reshape(-1)[:upto]
-        want = torch.tensor(chain[:upto], dtype=torch.int64)
+        want = words[:upto] if words is not None else torch.tensor(chain[:upto])
         wrong = (got != want).nonzero()
         if len(wrong):
             p = int(wrong[0])

@@ -141,7 +141,8 @@ class VllmEngine:
         if req is None:
             return None
         prompt = list(req.prompt_token_ids)
-        return prompt + [SAMPLED_TOKEN] * (self.setup.max_model_len - len(prompt))
+        limit = getattr(req, "max_tokens", None) or self.setup.max_model_len
+        return prompt + [SAMPLED_TOKEN] * (limit + 1)
 
     def _blocks_of(self, req_id: str) -> list[int]:
         return list(self.sched.kv_cache_manager.get_block_ids(req_id)[0])
