@@ -32,6 +32,7 @@ import dataclasses
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 SEED = 30  # issue 30
@@ -173,7 +174,7 @@ class _Apply(ast.NodeTransformer):
         return super().visit(node)
 
 
-def _mutate(node: ast.AST, kind: str) -> ast.AST:
+def _mutate(node: Any, kind: str) -> Any:
     if kind == "compare":
         node.ops = [_COMPARE[type(node.ops[0])](), *node.ops[1:]]
     elif kind == "binop":
@@ -200,7 +201,8 @@ def _mutate(node: ast.AST, kind: str) -> ast.AST:
 def points(source: str) -> list[Mutant]:
     """Every mutation point of ``source`` inside a function."""
     tree = ast.parse(source)
-    out, spans = [], {}
+    out: list[Mutant] = []
+    spans: dict[int, tuple[int, int]] = {}
     for index, node, scope in _walk(tree, spans):
         if scope is None:
             continue
