@@ -238,13 +238,13 @@ class BytesWorker(FakeWorker):
         chain = self._chain(tokens)
         for i, block in enumerate(gpu_ids):
             start = (first + i) * self.bs
-            want = chain[start : start + self.bs]
-            got = self.gpu[block].tolist()[: len(want)]
-            if got != want:
-                i = next(i for i, (w, x) in enumerate(zip(got, want)) if w != x)
+            own: list[int] = chain[start : start + self.bs]
+            held: list[int] = self.gpu[block].tolist()[: len(own)]
+            if held != own:
+                j = next(j for j, (w, x) in enumerate(zip(held, own)) if w != x)
                 self.checks.fail(
-                    f"load job {job_id} delivered {self._what(got[i])} into GPU block {block} "
-                    f"of {req_id} at token {start + i}, where {self._what(want[i])} belongs"
+                    f"load job {job_id} delivered {self._what(held[j])} into GPU block {block} "
+                    f"of {req_id} at token {start + j}, where {self._what(own[j])} belongs"
                 )
                 return
 
@@ -331,7 +331,7 @@ class _WithoutFlush:
 
     def __init__(self, meta: Any):
         self._meta = meta
-        self.jobs_to_flush = set()
+        self.jobs_to_flush: set[int] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._meta, name)
