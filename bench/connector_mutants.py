@@ -29,9 +29,18 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import json
+import os
 import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
@@ -251,15 +260,6 @@ def _with_text(source: str, mutant: Mutant) -> Mutant:
 # (python -m bench.connector_mutants VERSION [vllm|kvgate ...], JOBS=N for N at once;
 # python -m bench.connector_mutants --report rewrites docs/mutation.md's connector tables)
 
-import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "connector-mutation"

@@ -20,10 +20,10 @@ from tests.mutation import vllm_yardstick
 MUTANT = vllm_yardstick.install_mutant()
 
 from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - the mutant first
-from kvgate.properties.runner import run_machine  # noqa: E402
-from kvgate.properties.targets import resolve_target  # noqa: E402
-from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402
-from tests.mutation.test_vllm_machines import _without_back_to_back_resets  # noqa: E402
+from kvgate.properties.runner import run_machine  # noqa: E402 - the mutant first
+from kvgate.properties.targets import resolve_target  # noqa: E402 - the mutant first
+from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402 - the mutant first
+from tests.mutation.test_vllm_machines import _without_back_to_back_resets  # noqa: E402 - the mutant first
 
 PROFILE = "ci"
 EXAMPLES = 200
