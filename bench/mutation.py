@@ -265,6 +265,7 @@ def run(suite: Suite, max_children: int) -> dict:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"mutmut run failed ({proc.returncode}); log: {log}")
+    assert mutmut is not None  # it ran
     return collect(suite, where, seconds, max_children, mutmut, commit)
 
 

@@ -459,9 +459,9 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
             req.ctx = None
         for bundle in self.bundles.values():
             for item in bundle:
-                req = getattr(item, "req", item)
-                if isinstance(req, Req):
-                    req.ctx = None
+                held = getattr(item, "req", item)
+                if isinstance(held, Req):
+                    held.ctx = None
         self.live.clear()
         self.in_flight.clear()
         self._dropped.clear()
@@ -899,19 +899,19 @@ def machine_name(kind: str, spec: str) -> str:
 
 def make_machine(target: Target, policies: tuple[str, ...] | None = None):
     """A machine class checking ``target`` under the given policies (default: the target's)."""
-    policies = tuple(policies or target.policies)
+    chosen = tuple(policies or target.policies)
     recencies = target.recencies
 
     class Machine(ManagerMachine):
         TARGET = target
-        POLICIES = policies
+        POLICIES = chosen
 
         @initialize(
             target=ManagerMachine.requests,
             num_chunks=st.integers(1, 5),
             store_threshold=st.sampled_from([2, 1, 2, 1, 3, 0, 4]),
             max_tracker_size=st.sampled_from([1, 2, 3, 4, 5, 6, LARGE_TRACKER]),
-            policy=st.sampled_from(policies),
+            policy=st.sampled_from(chosen),
             recency=st.sampled_from(recencies),
             enable_events=st.sampled_from([True, True, False]),
             instances=st.integers(1, 2),

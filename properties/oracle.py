@@ -210,13 +210,13 @@ class LockstepManager:
             f"  step {s}, call {n}: {self.text.call(c, a)}"
             for s, n, c, a in list(self._recent)[:-1]
         ]
-        last = self._recent[-1] if self._recent else None
+        latest = self._recent[-1] if self._recent else None
         return Divergence(
             divergence_message(self.step, self.calls, what, target, model, why, recent),
             self.step,
             self.calls,
             what,
-            self.text.call(last[2], last[3]) if last else "",
+            self.text.call(latest[2], latest[3]) if latest else "",
         )
 
     def _both(
@@ -342,6 +342,7 @@ class LockstepManager:
         )
         self._expect("lookup", args, t, m)
         if counts:
+            assert req is not None  # counts: the handle was taken above
             self.offers.offered([key], req, before)
             self._tracker_dirty = True
         return t
@@ -540,7 +541,7 @@ class LockstepManager:
             or t.get(STORES_SKIPPED)
         ):
             self._record("get_stats", (), t, m)
-        lacking = set(m) - set(t)
+        lacking: set[str] | frozenset[str] = set(m) - set(t)
         if self.foreign:  # the set it reported first, and the skip metric from threshold 2
             if self._metrics is None:
                 self._metrics = frozenset(t)
@@ -609,12 +610,12 @@ class LockstepManager:
             )
         order = self.target.policy_state()
         if order is not None:
-            want = self.model.policy_state()
-            if order != want:
+            model_order = self.model.policy_state()
+            if order != model_order:
                 raise self.diverge(
                     "policy order (least recent first)",
                     self.text.policy(order),
-                    self.text.policy(want),
+                    self.text.policy(model_order),
                 )
 
     def _check_tracker(self, got: list | None) -> None:

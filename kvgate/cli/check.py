@@ -196,7 +196,7 @@ def examples_text(r) -> str:
 
 
 def print_run(display: Display, run: Run) -> None:
-    r = run.result
+    r = run.outcome
     figures = f"{examples_text(r)}, {r.steps} steps, {r.seconds:.1f}s"
     if run.status == "PASS":
         display.line(f"PASS  {run.name}: {figures}")
@@ -240,7 +240,7 @@ def annotated_program(program: Sequence[str], error: BaseException | None) -> li
 
 
 def print_failure(display: Display, run: Run) -> None:
-    r = run.result
+    r = run.outcome
     display.line("")
     display.line(f"--- counterexample: {run.name} ---")
     display.line(r.message)
@@ -265,7 +265,7 @@ def coverage_lines(runs: Sequence[Run]) -> list[str]:
     """Per machine: the labels its passing runs were required to hit, how many they hit."""
     out = []
     for kind in dict.fromkeys(r.machine for r in runs):
-        passed = [r.result for r in runs if r.machine == kind and r.status == "PASS"]
+        passed = [r.outcome for r in runs if r.machine == kind and r.status == "PASS"]
         if not passed:
             out.append(
                 f"coverage ({kind}): not measured (no run passed; a failing run stops "

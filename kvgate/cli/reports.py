@@ -50,8 +50,8 @@ def _suite(name: str, tests: int, failures: int, errors: int, seconds: float):
     attrs = dict(
         tests=str(tests), failures=str(failures), errors=str(errors), time=f"{seconds:.3f}"
     )
-    root = ET.Element("testsuites", name=name, **attrs)
-    return root, ET.SubElement(root, "testsuite", name=name, skipped="0", **attrs)
+    root = ET.Element("testsuites", {"name": name, **attrs})
+    return root, ET.SubElement(root, "testsuite", {"name": name, "skipped": "0", **attrs})
 
 
 def write_junit(path: str, runs: Sequence[Run], suite: str = "kvgate") -> None:
@@ -78,9 +78,12 @@ def write_junit(path: str, runs: Sequence[Run], suite: str = "kvgate") -> None:
             el.text = run.target_error
         elif run.status == "FAIL":
             el = ET.SubElement(
-                case, "failure", message=one_line(run.message), type=type(r.error).__name__
+                case,
+                "failure",
+                message=one_line(run.message),
+                type=type(run.outcome.error).__name__,
             )
-            el.text = run.message + "\n\nShrunk steps:\n" + "\n".join(r.program)
+            el.text = run.message + "\n\nShrunk steps:\n" + "\n".join(run.outcome.program)
         if r is not None:
             out = ET.SubElement(case, "system-out")
             out.text = (

@@ -266,10 +266,16 @@ class Run:
         return f"{self.machine} x {self.spec}"
 
     @property
+    def outcome(self) -> RunResult:
+        """``result`` where the run has one: every run ``run_one`` returns has it."""
+        assert self.result is not None, f"{self.name}: not run"
+        return self.result
+
+    @property
     def status(self) -> str:
         if self.target_error:
             return "ERROR"
-        return "PASS" if self.result.passed else "FAIL"
+        return "PASS" if self.outcome.passed else "FAIL"
 
     @property
     def message(self) -> str:
@@ -295,7 +301,7 @@ class MutantResult:
 
     @classmethod
     def of(cls, name: str, run: Run) -> MutantResult:
-        r = run.result
+        r = run.outcome
         return cls(
             name,
             run.machine,

@@ -35,7 +35,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -514,6 +514,7 @@ def vllm_factory(
     ``wrapper``: where the class takes no ``store_threshold`` but the release keeps the
     threshold in a wrapper (vLLM 0.21.0's ``FilterReusedOffloadingManager``), a manager built
     with T >= 2 is wrapped as the release's own offloading spec wraps it."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(cls).parameters
     except (TypeError, ValueError):

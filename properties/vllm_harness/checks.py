@@ -29,13 +29,15 @@ class Checks:
         self.jobs: dict[int, tuple[bytes, ...]] = {}  # open store job -> its keys
         self.flushed_by_reset: set[int] = set()  # jobs a reset flushed (never completed)
         self.completions: list[tuple[bytes, ...]] = []  # complete_store calls of this update
-        self.announced: set[bytes] = set()  # (hash + group) of the CPU-tier events, replayed
+        # (hash, group) of the CPU-tier events, replayed
+        self.announced: set[tuple[Any, int]] = set()
         self.dirty: set[bytes] = set()  # keys whose readiness a call may have changed
         self.ready: dict[bytes, tuple[Any, int]] = {}  # ready key -> its name in events
         self.names_of: dict[tuple[Any, int], bytes] = {}
         self.outcome: dict[tuple[int, int, bytes], bool] = {}  # (who, key) -> admitted or not
         self.is_finished: Callable[[str], bool] = lambda req_id: False
-        self.stats = Counter()  # what happened, for the coverage labels and the replay
+        # what happened, for the coverage labels and the replay
+        self.stats: Counter[str] = Counter()
         self.cold: list[str] = []  # the cold admissions, in order
 
     def fail(self, text: str) -> None:
@@ -139,7 +141,7 @@ class Checks:
     def reported(self, store_jobs: Iterable[int]) -> None:
         """After an update whose output reported ``store_jobs`` done: each open one got exactly
         one complete_store of its keys in that update, and no other complete_store came."""
-        expected = Counter()
+        expected: Counter[tuple[bytes, ...]] = Counter()
         for job in store_jobs:
             if job in self.flushed_by_reset:
                 self.stats["stale completions"] += 1
@@ -206,11 +208,11 @@ class Checks:
         ready = set(self.ready.values())
         if ready != self.announced:
 
-            def name(n):
+            def named(n):
                 return self.name(self.names_of[n]) if n in self.names_of else repr(n)
 
-            more = sorted(name(n) for n in self.announced - ready)
-            less = sorted(name(n) for n in ready - self.announced)
+            more = sorted(named(n) for n in self.announced - ready)
+            less = sorted(named(n) for n in ready - self.announced)
             self.fail(
                 "published CPU events differ from the manager's ready keys: "
                 + ", ".join(

@@ -92,7 +92,8 @@ class VllmEngine:
         self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
         real = self.connector.manager
         factory = manager_factory(target)
-        info = spec_config_info(setup, chunk_bytes)  # what the spec told the manager it built
+        # what the spec told the manager it built
+        info: list[dict[str, Any]] | None = spec_config_info(setup, chunk_bytes)
         if factory is not None:
             takes_info = factory_takes(target.factory, "info")
             real, info = factory(setup, real), (info if takes_info else None)
@@ -129,7 +130,7 @@ class VllmEngine:
         self.requests: dict[str, Any] = {}  # every request added, finished ones too
         self.steps = 0
         self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
-        self.counts = Counter()
+        self.counts: Counter[str] = Counter()
 
     # --- what the checks read
     def _ready(self, key: bytes) -> bool:

@@ -22,7 +22,7 @@ class FakeWorker:
         self.reported: set[int] = set()
         self.started: dict[int, int] = {}  # job -> the engine step that issued it
         self.clock = 0  # the engine step now (the engine sets it)
-        self.stats = Counter()
+        self.stats: Counter[str] = Counter()
 
     def receive(self, meta: Any) -> None:
         """One step's connector metadata, as the worker gets it before the forward pass."""

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
+from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
@@ -60,7 +61,7 @@ __all__ = [
 
 POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
 TAIL_TOKEN = 5
-LETTERS = {tokens: letter for letter, tokens in POOL.items()}
+LETTERS: dict[tuple[int, ...], str] = {tokens: letter for letter, tokens in POOL.items()}
 MAX_LIVE = 4
 RESET_REFUSED = "Failed to reset KV cache even when all the running requests are preempted"
 
@@ -112,7 +113,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     """Set ``target`` (a resolved vLLM target), ``fault`` and ``lockstep`` on a subclass
     (``make_machine``)."""
 
-    target = None
+    target: Target | None = None
     fault: str | None = None
     lockstep: bool = True
     LABELS = LABELS
@@ -191,6 +192,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     def _learn_names(self) -> None:
         """Name every chunk key of every live request by the prompt it ends."""
         bpc = self.setup_.blocks_per_chunk
+        assert self.engine is not None  # names are asked for once the set-up made it
         for req in self.engine.sched.requests.values():
             tokens = list(req.all_token_ids)
             for i, block_hash in enumerate(req.block_hashes):
@@ -204,6 +206,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
                     )
 
     def _finished(self, req_id: str) -> bool:
+        assert self.engine is not None  # a live request: the set-up made the engine
         req = self.engine.sched.requests.get(req_id)
         return req is None or req.is_finished()
 
@@ -304,6 +307,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     def _loading(self) -> bool:
         from vllm.v1.request import RequestStatus
 
+        assert self.engine is not None  # the rules run after the set-up made it
         return any(
             r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
             for r in self.engine.sched.requests.values()
@@ -311,10 +315,12 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
 
     def _next_rule(self) -> None:
         self.rule_no += 1
+        assert self.engine is not None  # the rules run after the set-up made it
         self.engine.oracle.set_step(self.rule_no)
 
     def _record(self, rule_name: str) -> None:
         """One history entry per step: what grew since the previous one."""
+        assert self.engine is not None  # the rules run after the set-up made it
         now = {**self.engine.checks.stats, **self.engine.worker.stats, **self.engine.counts}
         before = getattr(self, "_before", {})
         self._before = dict(now)
@@ -385,7 +391,7 @@ def _block_name(tokens: tuple[int, ...]) -> str:
 
 
 # The set-up rule's strategies; ``kv_events`` is drawn unless ``make_machine`` fixes it.
-SETUP = dict(
+SETUP: dict[str, st.SearchStrategy[Any]] = dict(
     num_chunks=st.integers(1, 4),
     threshold=st.sampled_from([2, 2, 3, 1, 0]),
     tracker=st.sampled_from([64_000, 2, 1, 4]),
@@ -432,7 +438,8 @@ def make_machine(
     events = st.booleans() if kv_events is None else st.just(kv_events)
 
     class Machine(VllmSchedulerMachine):
-        @initialize(**SETUP, kv_events=events)
+        # SETUP names no ``target`` or ``targets``, which mypy cannot see in a dict
+        @initialize(**SETUP, kv_events=events)  # type: ignore[call-overload]
         def setup(self, **drawn):
             self._configure(**drawn)
 
@@ -465,7 +472,7 @@ def summary(
 
     configs()  # built once, before the clock starts
     cls = make_machine(resolve_target(spec), fault=fault, lockstep=lockstep, kv_events=kv_events)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if find_only:
         kwargs["phases"] = [Phase.explicit, Phase.reuse, Phase.generate]
     result = run_machine(cls, profile, max_examples=max_examples, database=None, **kwargs)
