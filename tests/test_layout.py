@@ -142,7 +142,8 @@ def test_every_noqa_names_its_codes_and_says_why():
 
 def test_the_guardrails_are_pinned_and_run_before_the_tests():
     """ruff and mypy come from the `lint` extra at the versions constraints.txt pins; .ci/run
-    runs .ci/lint before the tests, and the pre-commit hooks run the same three checks."""
+    runs .ci/lint before the tests, and the pre-commit hooks run the same three checks. mypy
+    checks every package (kvgate with its parts, and bench), with no blanket ignores."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins = dict(
         line.split("==", 1)
@@ -162,6 +163,21 @@ def test_the_guardrails_are_pinned_and_run_before_the_tests():
     hooks = (ROOT / ".pre-commit-config.yaml").read_text()
     for entry in ("ruff check", "ruff format --check", ".ci/lint mypy"):
         assert f"entry: {entry}" in hooks, entry
+    lint_script = (ROOT / ".ci" / "lint").read_text()
+    assert re.search(r"^\s*mypy -p kvgate -p bench$", lint_script, re.M), "mypy over every package"
+    assert re.search(r"for entry in kvgate/\*", lint_script), "all of kvgate/ is staged"
+    assert re.search(r"for entry in model impl properties;", lint_script), "and its parts"
+    mypy_hook = hooks[hooks.index("entry: .ci/lint mypy") :]
+    files = re.search(r"files: \^\((.*?)\)/", mypy_hook).group(1).split("|")
+    assert {"kvgate", "model", "impl", "properties", "bench"} <= set(files), files
+    mypy = project["tool"]["mypy"]
+    for one in [mypy, *mypy.get("overrides", [])]:
+        assert not one.get("ignore_errors") and "disable_error_code" not in one, one
+    checked = ("kvgate", "model", "impl", "properties", "bench")
+    for path in [p for top in checked for p in (ROOT / top).rglob("*.py")]:
+        for line in path.read_text().splitlines():
+            if "type: ignore" in line:  # only on a line, for a named code
+                assert re.search(r"#\s*type:\s*ignore\[[a-z-, ]+\]", line), (path, line)
 
 
 # --------------------------------------------------------------------------- one name per module
