@@ -269,7 +269,9 @@ def call_checked_on(fn, result, *args):
     """``fn``'s contract evaluated on ``args`` and a given ``result`` (``fn``'s own, or another
     step's answer to the same arguments, to show that the contract refuses it)."""
     pre, post = contract(fn)
-    env = {**fn.__globals__, **inspect.signature(fn).bind(*args).arguments}
+    bound = inspect.signature(fn).bind(*args)
+    bound.apply_defaults()  # a contract may name a parameter left at its default (``count``)
+    env = {**fn.__globals__, **bound.arguments}
     for expr in pre:
         assert eval(expr, env), f"{fn.__name__}{args}: pre: {expr}"
     env["__return__"] = result
