@@ -223,7 +223,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self.next_id += 1
         req_id = f"r{self.next_id}"
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
-        with vllm_raises("add_request"):
+        with vllm_raises("add_request", self.engine.checks):
             self.engine.add_request(req_id, tokens, max_tokens, max_load)
         self.live.append(req_id)
         self._learn_names()
@@ -236,7 +236,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         for _ in range(n):
             if not self.engine.can_step():
                 break
-            with vllm_raises("an engine step"):
+            with vllm_raises("an engine step", self.engine.checks):
                 self.engine.step()
             self._learn_names()
         self._record("step")
@@ -255,7 +255,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     def abort(self, which):
         self._next_rule()
         live = self._live()
-        with vllm_raises("abort"):
+        with vllm_raises("abort", self.engine.checks):
             self.engine.abort(live[which % len(live)])
         self._record("abort")
 
@@ -263,7 +263,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     @rule()
     def take_gpu(self):
         self._next_rule()
-        with vllm_raises("taking the free GPU blocks"):
+        with vllm_raises("taking the free GPU blocks", self.engine.checks):
             self.held = self.engine.hold_gpu_blocks()
         self._record("take_gpu")
 
@@ -271,7 +271,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     @rule()
     def give_gpu(self):
         self._next_rule()
-        with vllm_raises("giving the GPU blocks back"):
+        with vllm_raises("giving the GPU blocks back", self.engine.checks):
             self.engine.release_gpu_blocks(self.held)
         self.held = []
         self._record("give_gpu")
@@ -287,7 +287,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         if running_too and (self.held or self._loading() or self.engine.queue):
             running_too = False
         try:
-            with vllm_raises("reset_prefix_cache"):
+            with vllm_raises("reset_prefix_cache", self.engine.checks):
                 self.engine.reset(running_too)
         except VllmRaised as exc:
             if not (
@@ -353,14 +353,18 @@ class VllmRaised(AssertionError):
 
 
 @contextlib.contextmanager
-def vllm_raises(what: str):
+def vllm_raises(what: str, checks: Any = None):
     """A divergence passes as it is; anything else raised inside vLLM becomes one line that
-    says what the step was doing and where in vLLM it was raised."""
+    says what the step was doing and where in vLLM it was raised. Where a check of ``checks``
+    had already failed in the step (a phantom hit the connector reported, say), that failure
+    came first and vLLM's raise is its consequence: the check's line is raised instead."""
     try:
         yield
     except Divergence:
         raise
     except Exception as exc:
+        if checks is not None and checks.failure:
+            raise AssertionError(checks.failure) from exc
         frames = traceback.extract_tb(exc.__traceback__)
         inside = [f for f in frames if f"{os.sep}vllm{os.sep}" in f.filename] or frames
         where = inside[-1]
