@@ -72,7 +72,7 @@ def replay_vllm(
         batched_tokens=s.prefill_tokens,
         max_model_len=longest + s.block_size,
     )
-    engine = VllmEngine(setup, tgt, lockstep=check)
+    engine = VllmEngine(setup, tgt, lockstep=check, move_bytes=False)
     sched = engine.sched
     engine.checks.is_finished = lambda req_id: (
         req_id not in sched.requests or sched.requests[req_id].is_finished()

@@ -13,6 +13,7 @@ from .bytes_worker import BYTES_FAULTS, BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
 from .exact import EXACT_FAULTS, ExactChecks
+from .fake_worker import FakeWorker
 from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
 
 
@@ -50,6 +51,7 @@ class VllmEngine:
         *,
         fault: str | None = None,
         lockstep: bool = True,
+        move_bytes: bool = True,
         key_name: Callable[[bytes], str] | None = None,
         log: list[dict[str, Any]] | None = None,
     ):
@@ -110,7 +112,8 @@ class VllmEngine:
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
         self._learned: dict[str, int] = {}  # req -> block hashes already learned
         self.describe: Callable[[tuple[int, ...]], str] = lambda t: repr(list(t))
-        self.worker = BytesWorker(
+        self.move_bytes = move_bytes
+        self.worker: FakeWorker = BytesWorker(
             self.checks,
             gpu_blocks=setup.gpu_blocks,
             num_chunks=setup.num_chunks,
@@ -122,6 +125,8 @@ class VllmEngine:
             describe=lambda t: self.describe(t),
             fault=fault if fault in BYTES_FAULTS else None,
         )
+        if not move_bytes:  # a long replay: jobs and their accounting only, no data
+            self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
         self.exact = ExactChecks(
             self, self.checks, self._ready, fault if fault in EXACT_FAULTS else None
         )
@@ -221,7 +226,8 @@ class VllmEngine:
         scheduled = False
         if self.sched.has_requests():
             out = self.sched.schedule()
-            self.learn_prefixes()
+            if self.move_bytes:
+                self.learn_prefixes()
             self.worker.receive(out.kv_connector_metadata)
             computed = {
                 r: self.sched.requests[r].num_computed_tokens

@@ -4,7 +4,7 @@ flight until the machine delivers them, and reports completions the way the real
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .checks import Checks
@@ -71,6 +71,14 @@ class FakeWorker:
             if self.clock + 1 - self.started[j]
             >= (store_delay if self.in_flight[j][0] == "store" else load_delay)
         ]
+
+    def forward(self, scheduled: dict[str, int], computed: dict[str, int]) -> None:
+        """A step's forward pass: no data here (``BytesWorker`` writes and checks KV)."""
+        return None
+
+    def check_ready(self, is_ready: Callable[[bytes], bool]) -> None:
+        """What the ready chunks hold: no data here (``BytesWorker`` checks it)."""
+        return None
 
     def report(self) -> tuple[Any, list[int]]:
         """The ``KVConnectorOutput`` of everything completed since the last report, and the
