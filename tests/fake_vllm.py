@@ -193,7 +193,7 @@ class FakeManagerWithoutTouch:
         )
         self._num_chunks = num_blocks
         self._policy = _PolicyView(self._m)
-        self._stored_by: dict[bytes, ReqContext] = {}
+        self._stored_by: dict[bytes, list[ReqContext]] = {}  # a key's store events' requests
 
     @property
     def counts(self) -> OrderedDict | None:
@@ -248,8 +248,9 @@ class FakeManagerWithoutTouch:
     def complete_store(self, keys, req_context: ReqContext, success: bool = True) -> None:
         ours = [_ours(k) for k in keys]
         for key in ours:  # a store event names the request whose store completed
-            if self._m.lookup(key).name == "HIT_PENDING":
-                self._stored_by[key] = req_context
+            if self._m.lookup(key).name == "HIT_PENDING" and success:
+                # one entry per store event, in the order the manager queues them
+                self._stored_by.setdefault(key, []).append(req_context)
         self._m.complete_store(ours, _ctx(req_context), success=success)
 
     def reset_cache(self) -> None:
@@ -257,7 +258,10 @@ class FakeManagerWithoutTouch:
 
     def take_events(self):
         for event in self._m.take_events():  # runs only once the generator is iterated
-            by = None if event.removed else self._stored_by.get(event.keys[0])
+            by = None
+            if not event.removed:
+                named = [q.pop(0) for k in event.keys if (q := self._stored_by.get(k))]
+                by = named[0] if named else None
             yield OffloadingEvent(
                 [_theirs(k) for k in event.keys],
                 event.removed,

@@ -11,32 +11,6 @@ import re
 import pytest
 
 from kvgate.cli import main
-from tests.fake_vllm import (  # noqa: F401 - the adapter reads the types off this module
-    FakeManager,
-    LookupResult,
-    ReqContext,
-    make_offload_key,
-)
-
-# The stand-ins below are targets (vllm=tests.test_harness_errors:NAME): this module defines
-# ReqContext and make_offload_key (imported above), so the adapter takes its types from here.
-
-
-class RaisesOnSecondOffer(FakeManager):
-    """Raises inside the target on the second offer: the target's own crash."""
-
-    def prepare_store(self, keys, req_context):
-        self.offers = getattr(self, "offers", 0) + 1
-        if self.offers == 2:
-            raise KeyError("planted in the target")
-        return super().prepare_store(keys, req_context)
-
-
-class LookupAnswersNone(FakeManager):
-    """A lookup whose ``None`` reaches the caller (the mutant of issue 31)."""
-
-    def lookup(self, key, req_context) -> LookupResult:
-        return None
 
 
 def check(capsys, target: str) -> tuple[int, str]:
@@ -49,17 +23,17 @@ def check(capsys, target: str) -> tuple[int, str]:
 
 
 def test_an_exception_the_target_raises_is_a_divergence_naming_where(capsys):
-    code, out = check(capsys, "vllm=tests.test_harness_errors:RaisesOnSecondOffer")
+    code, out = check(capsys, "vllm=tests.harness_stand_ins:RaisesOnSecondOffer")
     assert code == 1, out
     assert "(the target raised)" in out, out
     assert "raised KeyError: 'planted in the target'" in out, out
     # where in the target: this file, in prepare_store
-    assert re.search(r"at tests/test_harness_errors\.py:\d+ in prepare_store", out), out
+    assert re.search(r"at tests/harness_stand_ins\.py:\d+ in prepare_store", out), out
     assert "kvgate's own code" not in out
 
 
 def test_an_answer_the_interface_does_not_allow_is_a_divergence(capsys):
-    code, out = check(capsys, "vllm=tests.test_harness_errors:LookupAnswersNone")
+    code, out = check(capsys, "vllm=tests.harness_stand_ins:LookupAnswersNone")
     assert code == 1, out
     assert "answered None, which is not a lookup result" in out, out
     assert "(an answer the interface does not allow)" in out, out
@@ -70,7 +44,7 @@ def test_kvgate_raising_inside_a_target_call_is_exit_2_one_line(capsys, monkeypa
     import kvgate.properties.vllm_harness.adapter as adapter
 
     monkeypatch.setattr(adapter, "_ids", None)  # kvgate's own helper, gone
-    code, out = check(capsys, "vllm=tests.test_harness_errors:FakeManager")
+    code, out = check(capsys, "vllm=tests.harness_stand_ins:FakeManager")
     assert code == 2, out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
     assert "kvgate's own code raised TypeError" in line, line
@@ -85,7 +59,7 @@ def test_kvgate_raising_in_a_machine_is_exit_2_one_line(capsys, monkeypatch):
     import kvgate.properties.manager_machine as machine
 
     monkeypatch.setattr(machine, "KEYS", {})  # the machine's own key table, emptied
-    code, out = check(capsys, "vllm=tests.test_harness_errors:FakeManager")
+    code, out = check(capsys, "vllm=tests.harness_stand_ins:FakeManager")
     assert code == 2, out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
     assert "kvgate's own code raised KeyError" in line, line
@@ -97,15 +71,7 @@ def test_kvgate_raising_in_a_machine_is_exit_2_one_line(capsys, monkeypatch):
 def test_a_call_the_target_lacks_is_never_drawn_and_named(capsys, missing):
     """Capability: a release without get_stats or reset_cache (vLLM 0.21.0) is checked on the
     rest, and the report says what that leaves unchecked."""
-    code, out = check(capsys, f"vllm=tests.test_harness_errors:Without_{missing}")
+    code, out = check(capsys, f"vllm=tests.harness_stand_ins:Without_{missing}")
     assert code == 0, out
     assert f"lacks {missing}" in out or ("lacks " in out and missing in out), out
     assert re.search(rf"not checked for .*no [a-z_, ]*{missing}[a-z_, ]* steps", out), out
-
-
-class Without_get_stats(FakeManager):
-    get_stats = None
-
-
-class Without_reset_cache(FakeManager):
-    reset_cache = None
