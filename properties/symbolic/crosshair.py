@@ -230,7 +230,7 @@ def run(command: list[str], wall_limit: float = 170.0) -> Outcome:
         capture_output=True,
         text=True,
         timeout=wall_limit,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     return Outcome(done.returncode, done.stdout + done.stderr, time.monotonic() - start)
 
