@@ -32,6 +32,14 @@ _COPY_ROUTINES = ("_copy_cpu", "_copy_cuda")  # what copy_raises replaces on the
 # How an accepted transfer passes its ids: a list, a tuple (then, at offset 0, without the
 # offset argument: its default is 0), or a 1-d int64 tensor (as vLLM holds block ids).
 ID_FORMS = ("list", "tuple", "tensor")
+# What a store and a load submission each draw (``_submit``'s arguments).
+_SUBMIT: dict[str, st.SearchStrategy[Any]] = dict(
+    picks=PICKS,
+    chunk_pick=PICK,
+    offset_pick=st.integers(0, 7),
+    run=RUN,
+    form=st.sampled_from(ID_FORMS),
+)
 
 
 def note(text: str) -> None:
@@ -360,23 +368,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             and _stepped(*((blocks, slots) if kind == STORE else (slots, blocks))),
         )
 
-    @rule(
-        picks=PICKS,
-        chunk_pick=PICK,
-        offset_pick=st.integers(0, 7),
-        run=RUN,
-        form=st.sampled_from(ID_FORMS),
-    )
+    @rule(**_SUBMIT)
     def submit_store(self, picks, chunk_pick, offset_pick, run, form):
         self._submit(STORE, picks, chunk_pick, offset_pick, run, form)
 
-    @rule(
-        picks=PICKS,
-        chunk_pick=PICK,
-        offset_pick=st.integers(0, 7),
-        run=RUN,
-        form=st.sampled_from(ID_FORMS),
-    )
+    @rule(**_SUBMIT)
     def submit_load(self, picks, chunk_pick, offset_pick, run, form):
         self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
 
