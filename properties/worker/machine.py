@@ -33,7 +33,7 @@ _COPY_ROUTINES = ("_copy_cpu", "_copy_cuda")  # what copy_raises replaces on the
 # offset argument: its default is 0), or a 1-d int64 tensor (as vLLM holds block ids).
 ID_FORMS = ("list", "tuple", "tensor")
 # What a store and a load submission each draw (``_submit``'s arguments).
-_SUBMIT: dict[str, st.SearchStrategy[Any]] = dict(
+_SUBMIT = rule(
     picks=PICKS,
     chunk_pick=PICK,
     offset_pick=st.integers(0, 7),
@@ -368,11 +368,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
             and _stepped(*((blocks, slots) if kind == STORE else (slots, blocks))),
         )
 
-    @rule(**_SUBMIT)
+    @_SUBMIT
     def submit_store(self, picks, chunk_pick, offset_pick, run, form):
         self._submit(STORE, picks, chunk_pick, offset_pick, run, form)
 
-    @rule(**_SUBMIT)
+    @_SUBMIT
     def submit_load(self, picks, chunk_pick, offset_pick, run, form):
         self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
 
