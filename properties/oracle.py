@@ -44,9 +44,15 @@ from kvgate.model.cache import NO_POSITIONS, Model, ModelError
 from .adapters import EXACT_ONLY, BadAnswer, TargetError, harness_error, raised_at
 from .known import known_of
 from .offers import Handles, Offers
+from .oracle_retained import retained
 from .oracle_text import CallText, divergence_message, fmt_key
 
 __all__ = ["EXACT_ONLY", "Divergence", "LockstepManager", "build", "fmt_key"]
+
+# spec §4.8: a manager retains at most RETAINED_FACTOR entries per thing it must hold, plus
+# RETAINED_SLACK (fixed tables, and a lazy structure's stale entries before it compacts)
+RETAINED_FACTOR = 8
+RETAINED_SLACK = 128
 
 
 class Divergence(AssertionError):
@@ -138,6 +144,12 @@ class LockstepManager:
         self._replayed: set[bytes] = set()  # ready keys, from the target's drained events
         self._dirty: set[bytes] = set()  # keys whose residency may have changed
         self._order_dirty = self._tracker_dirty = False
+        # what the retained-state bound counts (spec §4.8): the keys named to this manager, and
+        # per request (by handle) the keys it named
+        self._keys_named: set[bytes] = set()
+        self._named_by: dict[int, set[bytes]] = {}
+        self._context_types: set[type] = set()
+        self.unmeasured = ""  # why the retained state is not measured (never a verdict)
 
     # --- bookkeeping
     def set_step(self, step: int) -> None:
@@ -151,7 +163,9 @@ class LockstepManager:
 
     def new_context(self, req_id: str) -> Any:
         """A request context of the target's own type (the model needs none)."""
-        return self.target.new_context(req_id)
+        ctx = self.target.new_context(req_id)
+        self._context_types.add(type(ctx))
+        return ctx
 
     def set_position(self, ctx: Any, key: bytes, position: int) -> None:
         """Record where ``key`` ends in the request, on the context both sides read."""
@@ -331,6 +345,7 @@ class LockstepManager:
         """A lookup; on a target whose tracker is fed at lookups (spec §3.2) it counts, once
         per request and generation, in the model too, and the tracker is checked after it."""
         args = (key,)
+        self._named((key,), ctx)
         counts = ctx is not None and self.model.feed == "lookup" and self.model.threshold >= 2
         req = self.handle(ctx) if counts else None  # else no handle: lookups name no request
         before = {k for k, _ in self.model.tracker}
@@ -351,6 +366,7 @@ class LockstepManager:
         if "touch" in self.missing:
             return  # a target without touch: neither side gets the recency hint
         keys = list(keys)
+        self._named(keys, ctx)
         self._both(
             "touch", (keys,), lambda: self.target.touch(keys, ctx), lambda: self.model.touch(keys)
         )
@@ -359,6 +375,7 @@ class LockstepManager:
     def prepare_load(self, keys: Iterable[bytes], ctx: Any = None) -> Any:
         keys = list(keys)
         req = None if ctx is None else self.handle(ctx)
+        self._named(keys, ctx)
         t, m = self._both(
             "prepare_load",
             (keys,),
@@ -386,6 +403,7 @@ class LockstepManager:
         keys = list(keys)
         args = (keys, ctx)
         req = self.handle(ctx)
+        self._named(keys, ctx)
         what = self.text.call("prepare_store", args)
         self._call("prepare_store", keys, ctx)
         before = {k for k, _ in self.model.tracker}
@@ -573,6 +591,61 @@ class LockstepManager:
                     "the target reports a metric the model does not have",
                 )
         return t
+
+    # --- retained state (spec §4.8): bounded by what the manager must hold
+    def _named(self, keys: Iterable[Any], ctx: Any) -> None:
+        """``ctx``'s request named ``keys`` (what the retained-state bound allows for)."""
+        named = [k for k in keys if isinstance(k, bytes)]
+        self._keys_named.update(named)
+        if ctx is not None and not isinstance(ctx, str):
+            self._named_by.setdefault(self.handle(ctx), set()).update(named)
+
+    def retained_bound(self, held: Iterable[Any]) -> tuple[int, str]:
+        """The most a manager may retain now (spec §4.8), and how it is made up; ``held``: the
+        request contexts the scheduler still holds."""
+        model = self.model
+        c = model.num_chunks
+        k = min(model.max_tracker_size, len(self._keys_named)) if model.threshold >= 2 else 0
+        reqs = [self.handle(ctx) for ctx in held]
+        r = sum(1 + len(self._named_by.get(h, ())) for h in reqs)
+        q = sum(len(e[0]) for e in model.events)
+        if "get_stats" not in self.missing:  # without it no sample is kept to be read
+            q += len(model.samples)
+        bound = RETAINED_FACTOR * (c + k + r + q) + RETAINED_SLACK
+        return bound, (
+            f"{RETAINED_FACTOR} x ({c} chunks + {k} tracker keys + {r} for {len(reqs)} live "
+            f"requests and their keys + {q} unread event keys and samples) + {RETAINED_SLACK}"
+        )
+
+    def check_retained(self, held: Iterable[Any]) -> int | None:
+        """The target's retained state (``oracle_retained``) within ``retained_bound``; the
+        entries counted, or ``None`` where it cannot be measured (``unmeasured`` says why, and
+        nothing is judged: a failure to measure is never a verdict)."""
+        if self.unmeasured:
+            return None
+        held = list(held)
+        manager = getattr(self.target, "manager", None)
+        if manager is None:
+            self.unmeasured = "its adapter shows no manager object to measure"
+            return None
+        skip_types = tuple(self._context_types | {type(ctx) for ctx in held})
+        got = retained(
+            manager, skip=(self, self.model, self.target, self.handles), skip_types=skip_types
+        )
+        if got.failed:
+            self.unmeasured = f"measuring its state failed ({got.failed})"
+            return None
+        bound, terms = self.retained_bound(held)
+        if got.entries > bound:
+            largest = ", ".join(f"{path} {n}" for path, n in got.largest)
+            raise self.diverge(
+                "retained state (entries of the manager's collections)",
+                f"{got.entries} (largest: {largest})",
+                f"at most {bound} = {terms}",
+                "the manager's state grows with the number of calls, not with what it must "
+                "hold (spec §4.8)",
+            )
+        return got.entries
 
     # --- whole-state checks, incremental: what changed since the last check
     def check_state(self) -> None:
