@@ -49,6 +49,7 @@ FAULTS = {
     # the bytes worker (properties/vllm_harness/bytes_worker.py)
     "ignore_flush": "was reused before the copy ran",
     "load_wrong_chunk": "but it holds",
+    "load_one_group": " of group 1 (tokens ",
     # the connector's scheduler side, exactly (properties/vllm_harness/exact.py)
     "phantom_hit": "phantom hit: the connector reported",
     "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
@@ -57,6 +58,10 @@ FAULTS = {
     "ignore_max_load": "phantom hit: the connector reported",
     "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
     "lock_left_held": "the manager's lock is still held after the step's metadata was built",
+    "window_last_token": "phantom hit: the connector reported",
+    "drafter_unproven": "phantom hit: the connector reported",
+    # the connector's lookup metrics (properties/vllm_harness/lookup_metrics.py)
+    "drop_async_delay": "vllm:kv_offload_lookup_async_delay_seconds histogram holds",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost
@@ -87,12 +92,35 @@ if {seed!r}:
     out["seed"] = {{"preemptions": engine.counts["preemptions"],
                    "re_offers": engine.checks.stats["re-offers"],
                    "failure": engine.checks.failure}}
+if {window_reset!r}:
+    # A defect of the release (spec §7.2): full attention beside a window of 3 tokens.
+    # r1's prompt is stored by no one (store_threshold=2); the step after its prefill, the
+    # window frees the blocks of its first chunks and the scheduler hands one out again (every
+    # other block is held); a cache reset that leaves r1 running sends it back to chunk 0, and
+    # at its end it stores its first chunks from the block ids the window had freed.
+    from kvgate.properties.targets import resolve_target
+    from kvgate.properties.vllm_harness.layouts import Layout
+    setup = ve_configs.Setup(num_chunks=4, store_threshold=2, offload_prompt_only=False,
+                             kv_events=False, layout=Layout((None, 3)))
+    engine = ve.VllmEngine(setup, resolve_target({patched!r}))
+    engine.add_request("r1", [1, 1] * 3, 3)
+    engine.step()
+    held = engine.hold_gpu_blocks()
+    engine.step()
+    engine.add_request("r2", [1, 1], 1)
+    engine.reset(False)
+    engine.step()
+    engine.step()
+    out["window_reset"] = engine.checks.failure
 print(json.dumps(out))
 """
 
 
-def in_release(version: str, *runs: tuple, seed: bool = False) -> dict:
-    return probe(version, PROBE.format(runs=list(runs), seed=seed))
+def in_release(version: str, *runs: tuple, seed: bool = False, window_reset: bool = False) -> dict:
+    return probe(
+        version,
+        PROBE.format(runs=list(runs), seed=seed, window_reset=window_reset, patched=PATCHED),
+    )
 
 
 @pytest.mark.vllm
@@ -148,6 +176,20 @@ def test_0_34_0_with_the_skip_counted_once_passes_sync_and_async():
     assert not missing, f"labels never hit: {missing}"
     for fault, caught in zip(faults, got[1:]):
         assert not caught["passed"] and FAULTS[fault] in caught["why"], (fault, caught)
+
+
+@pytest.mark.vllm
+def test_0_34_0_stores_blocks_its_window_freed_after_a_reset():
+    """A defect the bytes worker finds in 0.34.0's connector (spec §7.2): after a cache
+    reset that leaves a request running, the request re-offers from chunk 0 and stores its
+    sliding-window group's first chunks from block ids the window had freed (the connector
+    marks such ids stale only from the next chunk to store on). The machine draws resets
+    with requests running apart on such layouts; this is the plain reproduction."""
+    if "0.34.0" not in releases():
+        pytest.skip("0.34.0 is not gated")
+    got = in_release("0.34.0", window_reset=True)["window_reset"]
+    assert got.startswith("store job 0 (r1) read GPU block "), got
+    assert got.endswith("holds [1, 1, 1, 1, 1, 1, 7, 7]: it was reused before the copy ran"), got
 
 
 @pytest.mark.vllm

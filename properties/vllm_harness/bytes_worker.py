@@ -2,9 +2,11 @@
 its tokens at every step (issue 30, item 1).
 
 Every GPU block is a row of ``block_size`` int64 words, one a token position; the "model" writes
-into the word of position ``p`` of a request the *content* of its prefix ``tokens[:p + 1]`` (a
-hash chained over the tokens, so a word names the whole prefix it was computed from, and the
-content of every block can be checked against the token prefix it should hold). The CPU tier is
+into the word of position ``p`` of a request the *content* of its prefix ``tokens[:p + 1]`` in
+that KV-cache group (a hash chained over the tokens from a start word of the group's own, so a
+word names the whole prefix it was computed from and its group, and the content of every block
+can be checked against the token prefix it should hold). The groups share the GPU block pool
+as vLLM's do: a block id is one row, whichever group holds it. The CPU tier is
 kvgate's own copy worker (``kvgate.impl.worker.OffloadWorker`` on the CPU path): a store copies
 the job's GPU blocks into the chunks the manager named, a load copies chunks back into the
 request's GPU blocks, each at the moment the worker would run it: when the job completes (the
@@ -15,18 +17,24 @@ handed to another request therefore copies what that request wrote.
 Checked, each failure one line naming blocks and chunks by the prompts they hold:
 
 - **computes with its own KV**: when a batch runs, every position a scheduled request has
-  already computed (``[0, num_computed_tokens)`` before the batch) holds the content of its own
-  token prefix, in the request's GPU blocks;
+  already computed and attends to (``[0, num_computed_tokens)`` before the batch in a
+  full-attention group; in a sliding-window group only the window below the first scheduled
+  token) holds the content of its own token prefix, in the request's GPU blocks of that group;
 - **stores read live blocks**: when a store runs, each GPU block it reads holds the content the
   chunk's key names (a block reused before the copy ran holds another prefix);
 - **loads deliver their prefix**: when a load runs, each chunk it reads holds the content of the
   key it was loaded for, and afterwards the request's GPU blocks hold its own prefix;
 - **ready chunks hold their keys**: after every update, each key the manager reports ready
-  sits in a chunk that holds the content the key names.
+  sits in a chunk that holds the content the key names (a sliding-window chunk may hold
+  nothing in a block its window never reaches, where the connector stores the null block or,
+  in a release that leaves null blocks out, leaves what the chunk held: only its last block is
+  judged).
 
 Faults that break these (``BYTES_FAULTS``): ``ignore_flush`` (the worker runs a flushed store
 only when it is delivered, as if ``jobs_to_flush`` were empty), ``load_wrong_chunk`` (a load reads
-the chunk after the one the manager named, where the tier has more than one).
+the chunk after the one the manager named, where the tier has more than one),
+``load_one_group`` (a load fills only the first KV-cache group's blocks: a sliding-window
+group computes with a window it never got).
 """
 
 from __future__ import annotations
@@ -36,9 +44,15 @@ from typing import Any
 
 from .checks import Checks
 from .fake_worker import FakeWorker
+from .layouts import FULL_ATTENTION, Layout, key_group
 
-BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk")
+BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk", "load_one_group")
 _MASK = (1 << 62) - 1
+
+
+def group_start(group: int) -> int:
+    """The word before any token, in ``group`` (1 in group 0)."""
+    return 1 if group == 0 else (hash(("group", group)) & _MASK) | 1
 
 
 def content_chain(tokens: Iterable[int], value: int = 1) -> list[int]:
@@ -62,8 +76,9 @@ class BytesWorker(FakeWorker):
         num_chunks: int,
         block_size: int,
         blocks_per_chunk: int,
+        layout: Layout = FULL_ATTENTION,
         tokens_of: Callable[[str], list[int] | None],
-        blocks_of: Callable[[str], list[int]],
+        blocks_of: Callable[[str], tuple[list[int], ...]],
         prefix_of: Callable[[bytes], tuple[int, ...] | None],
         describe: Callable[[tuple[int, ...]], str],
         fault: str | None = None,
@@ -75,6 +90,7 @@ class BytesWorker(FakeWorker):
         super().__init__(checks, blocks_per_chunk)
         self.bs = block_size
         self.bpc = blocks_per_chunk
+        self.layout = layout
         self.gpu = torch.zeros((gpu_blocks, block_size), dtype=torch.int64)
         self.copier = OffloadWorker([self.gpu], num_chunks, blocks_per_chunk, check_hazards=False)
         self.cpu = (
@@ -83,70 +99,75 @@ class BytesWorker(FakeWorker):
             .view(num_chunks * blocks_per_chunk, block_size)
         )
         self.tokens_of = tokens_of  # req_id -> its tokens (sampled ones included), or None
-        self.blocks_of = blocks_of  # req_id -> its GPU blocks (group 0), in position order
+        self.blocks_of = blocks_of  # req_id -> its GPU blocks per group, in position order
         self.prefix_of = prefix_of  # key -> the token prefix it names, or None
         self.describe = describe
         self.fault = fault
-        self.names: dict[int, tuple[int, ...]] = {}  # content word -> the prefix it names
+        self.names: dict[int, tuple[int, tuple[int, ...]]] = {}  # word -> (group, prefix)
         self.transfers: dict[int, tuple] = {}  # job -> what it copies
         self.chunk_key: dict[int, bytes] = {}  # CPU chunk -> the key last stored into it
         self.key_chunk: dict[bytes, int] = {}
         self.load_keys: dict[int, tuple[bytes, ...]] = {}  # id(load spec) -> its keys
         self.copy_seq = 0
-        self._chains: dict[tuple[int, ...], list[int]] = {}
-        self._ends: dict[tuple[int, ...], int] = {}  # prefix -> its last word
-        self._requests: dict[str, tuple] = {}  # req -> (length, words, words as a tensor)
+        self._chains: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+        self._ends: dict[tuple[int, tuple[int, ...]], int] = {}  # (group, prefix) -> last word
+        self._requests: dict[tuple[str, int], tuple] = {}  # (req, group) -> (length, words, tensor)
         self.fresh: set[bytes] = set()  # keys whose chunk was written since the last check
 
     # --- contents
-    def _chain(self, tokens: list[int]) -> list[int]:
-        """The content words of ``tokens`` (cached by the whole token tuple)."""
-        key = tuple(tokens)
+    def _chain(self, tokens: list[int], group: int = 0) -> list[int]:
+        """The content words of ``tokens`` in ``group`` (cached by the whole token tuple)."""
+        key = (group, tuple(tokens))
         chain = self._chains.get(key)
         if chain is None:
-            chain = self._chains[key] = content_chain(key)
+            chain = self._chains[key] = content_chain(key[1], group_start(group))
             self.names.setdefault(chain[-1] if chain else 0, key)
         return chain
 
-    def _name_words(self, tokens: list[int], chain: list[int]) -> None:
+    def _name_words(self, tokens: tuple[int, ...], chain: list[int], group: int) -> None:
         """Name every word of a chain (only to say what a failure found)."""
         for p, word in enumerate(chain):
-            self.names.setdefault(word, tuple(tokens[: p + 1]))
+            self.names.setdefault(word, (group, tuple(tokens[: p + 1])))
 
     def _what(self, word: int) -> str:
         if word == 0:
             return "nothing (never written)"
         if word not in self.names:
-            for tokens, chain in list(self._chains.items()):
-                self._name_words(list(tokens), chain)
-        prefix = self.names.get(word)
-        return self.describe(prefix) if prefix is not None else f"unknown content {word:#x}"
+            for (group, tokens), chain in list(self._chains.items()):
+                self._name_words(tokens, chain, group)
+        named = self.names.get(word)
+        if named is None:
+            return f"unknown content {word:#x}"
+        group, prefix = named
+        return self.describe(prefix) + (f" (group {group})" if group else "")
 
     def _expect_chunk(self, key: bytes) -> list[list[int]] | None:
         """The words each sub-block of ``key``'s chunk should hold, or None (prefix unknown)."""
         prefix = self.prefix_of(key)
         if prefix is None:
             return None
+        group = key_group(key)
         end = len(prefix)
         start = end - self.bpc * self.bs
         if start < 0:
             return None
-        words = content_chain(prefix[start:], self._end_word(prefix[:start]))
-        self._ends.setdefault(prefix, words[-1])
+        words = content_chain(prefix[start:], self._end_word(prefix[:start], group))
+        self._ends.setdefault((group, prefix), words[-1])
         return [words[s * self.bs : (s + 1) * self.bs] for s in range(self.bpc)]
 
-    def _end_word(self, prefix: tuple[int, ...]) -> int:
-        """The word of a whole prefix (1 for the empty one), from the words of shorter ones."""
+    def _end_word(self, prefix: tuple[int, ...], group: int) -> int:
+        """The word of a whole prefix in ``group`` (its start word for the empty one), from
+        the words of shorter ones."""
         if not prefix:
-            return 1
-        word = self._ends.get(prefix)
+            return group_start(group)
+        word = self._ends.get((group, prefix))
         if word is None:
             cut = len(prefix) - self.bpc * self.bs
-            if cut > 0 and prefix[:cut] in self._ends:
-                word = content_chain(prefix[cut:], self._ends[prefix[:cut]])[-1]
+            if cut > 0 and (group, prefix[:cut]) in self._ends:
+                word = content_chain(prefix[cut:], self._ends[(group, prefix[:cut])])[-1]
             else:
-                word = content_chain(prefix)[-1]
-            self._ends[prefix] = word
+                word = content_chain(prefix, group_start(group))[-1]
+            self._ends[(group, prefix)] = word
         return word
 
     # --- the worker side
@@ -176,35 +197,39 @@ class BytesWorker(FakeWorker):
         kind, req_id, gpu_spec, cpu_spec, keys = entry
         gpu_ids = [int(b) for b in gpu_spec.block_ids]
         chunks = [int(c) for c in cpu_spec.block_ids]
-        first = int((getattr(gpu_spec, "block_indices", None) or [0])[0])
-        offset = first % self.bpc
+        sizes, firsts = group_spans(gpu_spec)
         self.copy_seq += 1
         if kind == "store":
-            self._store(job_id, req_id, gpu_ids, chunks, offset, keys)
+            self._store(job_id, req_id, gpu_ids, chunks, sizes, firsts, keys)
         else:
-            self._load(job_id, req_id, gpu_ids, chunks, offset, first, keys)
+            self._load(job_id, req_id, gpu_ids, chunks, sizes, firsts, keys)
 
-    def _store(self, job_id, req_id, gpu_ids, chunks, offset, keys) -> None:
-        if len(gpu_ids) != len(chunks) * self.bpc or offset:
+    def _sliding(self, key: bytes) -> bool:
+        group = key_group(key)
+        return group < len(self.layout.windows) and self.layout.windows[group] is not None
+
+    def _store(self, job_id, req_id, gpu_ids, chunks, sizes, firsts, keys) -> None:
+        """Each group's blocks into its chunks (keys and chunks in group order; a group's first
+        block may sit inside its first chunk, where a release leaves out null blocks)."""
+        if sum(extents(sizes, firsts, self.bpc)) != len(chunks) * self.bpc:
             return  # Checks.issued already failed it
-        for j, key in enumerate((keys or ())[: len(chunks)]):
-            want = self._expect_chunk(key)
-            if want is None:
+        keys = list(keys or ())
+        at = used = 0
+        for size, first in zip(sizes, firsts):
+            if not size:
                 continue
-            for s in range(self.bpc):
-                block = gpu_ids[j * self.bpc + s]
-                got = self.gpu[block].tolist()
-                if got != want[s]:
-                    bad = got[-1]  # the word that names the block's whole prefix
-                    self.checks.fail(
-                        f"store job {job_id} ({req_id}) read GPU block {block} for chunk "
-                        f"{self.checks.name(key)}, but the block holds {self._what(bad)}: it "
-                        "was reused before the copy ran"
-                    )
-                    break
-        self.copier.submit_store(self.copy_seq, gpu_ids, chunks, 0)
-        self.copier.get_finished()
-        for key, chunk in zip(keys or (), chunks):
+            offset = first % self.bpc
+            count = -(-(offset + size) // self.bpc)
+            self._store_group(
+                job_id, req_id, gpu_ids[at : at + size], keys[used : used + count], offset
+            )
+            self.copy_seq += 1
+            self.copier.submit_store(
+                self.copy_seq, gpu_ids[at : at + size], chunks[used : used + count], offset
+            )
+            self.copier.get_finished()
+            at, used = at + size, used + count
+        for key, chunk in zip(keys, chunks):
             old = self.chunk_key.get(chunk)
             if old is not None and self.key_chunk.get(old) == chunk:
                 del self.key_chunk[old]
@@ -215,27 +240,65 @@ class BytesWorker(FakeWorker):
             self.fresh.add(key)
         self.stats["bytes stored"] += len(gpu_ids) * self.bs * 8
 
-    def _load(self, job_id, req_id, gpu_ids, chunks, offset, first, keys) -> None:
+    def _store_group(self, job_id, req_id, gpu_ids, keys, offset) -> None:
+        for t, block in enumerate(gpu_ids):
+            j, s = divmod(offset + t, self.bpc)
+            if j >= len(keys):
+                return
+            key: bytes = keys[j]
+            want = self._expect_chunk(key)
+            if want is None or (block == 0 and self._sliding(key)):
+                continue  # unknown, or the null block where a window never reaches
+            got = self.gpu[block].tolist()
+            if got != want[s]:
+                bad = got[-1]  # the word that names the block's whole prefix
+                self.checks.fail(
+                    f"store job {job_id} ({req_id}) read GPU block {block} for chunk "
+                    f"{self.checks.name(key)}, but the block holds {self._what(bad)}: it "
+                    "was reused before the copy ran"
+                )
+                return
+
+    def _load(self, job_id, req_id, gpu_ids, chunks, sizes, firsts, keys) -> None:
+        """Each group's blocks from its chunks (keys and chunks in group order; a group's first
+        block may sit inside its first chunk)."""
         if self.fault == "load_wrong_chunk" and len(chunks) > 1:
             chunks = chunks[::-1]
-        for key, chunk in zip(keys or (), chunks):
+        keys = list(keys or ())
+        at = used = 0  # where this group's GPU blocks and chunks start
+        for group, (size, first) in enumerate(zip(sizes, firsts)):
+            if not size or (group and self.fault == "load_one_group"):
+                continue
+            offset = first % self.bpc
+            count = -(-(offset + size) // self.bpc)
+            mine = chunks[used : used + count]
+            blocks = gpu_ids[at : at + size]
+            if not self._load_group(job_id, req_id, group, blocks, mine, keys[used:], first):
+                return
+            at, used = at + size, used + count
+        self.stats["bytes loaded"] += len(gpu_ids) * self.bs * 8
+
+    def _load_group(self, job_id, req_id, group, gpu_ids, chunks, keys, first) -> bool:
+        offset = first % self.bpc
+        for i, (key, chunk) in enumerate(zip(keys, chunks)):
             want = self._expect_chunk(key)
             got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()
-            if want is not None and got != want:
+            skip = offset if i == 0 else 0  # sub-blocks the load does not read
+            if want is not None and got[skip:] != want[skip:]:
                 bad = got[-1][-1]  # the word that names the chunk's whole prefix
                 self.checks.fail(
                     f"load job {job_id} ({req_id}) read chunk {chunk} for "
                     f"{self.checks.name(key)}, but it holds {self._what(bad)}"
                 )
-                break
-        if -(-(offset + len(gpu_ids)) // self.bpc) == len(chunks):
+                return False
+        if len(chunks) == -(-(offset + len(gpu_ids)) // self.bpc):
+            self.copy_seq += 1  # one copy per group
             self.copier.submit_load(self.copy_seq, chunks, gpu_ids, offset)
             self.copier.get_finished()
-        self.stats["bytes loaded"] += len(gpu_ids) * self.bs * 8
         tokens = self.tokens_of(req_id)
         if tokens is None:
-            return
-        chain = self._chain(tokens)
+            return True
+        chain = self._chain(tokens, group)
         for i, block in enumerate(gpu_ids):
             start = (first + i) * self.bs
             own: list[int] = chain[start : start + self.bs]
@@ -246,39 +309,46 @@ class BytesWorker(FakeWorker):
                     f"load job {job_id} delivered {self._what(held[j])} into GPU block {block} "
                     f"of {req_id} at token {start + j}, where {self._what(own[j])} belongs"
                 )
-                return
+                return False
+        return True
 
     # --- the model's forward pass
     def forward(self, scheduled: dict[str, int], computed: dict[str, int]) -> None:
         """A batch runs: ``scheduled[req] = n`` tokens computed from position
-        ``computed[req] - n``. First what each request computes with is checked, then the
-        new positions are written."""
+        ``computed[req] - n``. First what each request computes with is checked (in each
+        group, the positions it attends to), then the new positions are written."""
         import torch
 
         for req_id, n in scheduled.items():
             tokens = self.tokens_of(req_id)
             if tokens is None or n <= 0:
                 continue
-            end = computed[req_id]
-            start = end - n
-            blocks = self.blocks_of(req_id)
-            chain, words = self._request_chain(req_id, tokens)
-            self._check_context(req_id, blocks, chain, start, words)
-            end = min(end, len(blocks) * self.bs)
-            if end > start:
-                rows = [blocks[p // self.bs] for p in range(start, end)]
-                cols = [p % self.bs for p in range(start, end)]
-                self.gpu[rows, cols] = torch.tensor(chain[start:end], dtype=torch.int64)
+            start = computed[req_id] - n
+            for group, blocks in enumerate(self.blocks_of(req_id)):
+                chain, words = self._request_chain(req_id, tokens, group)
+                low = self.layout.attended_from(group, start)
+                self._check_context(req_id, blocks, chain, low, start, words, group)
+                end = min(computed[req_id], len(blocks) * self.bs)
+                if end > start:
+                    rows = [blocks[p // self.bs] for p in range(start, end)]
+                    cols = [p % self.bs for p in range(start, end)]
+                    if 0 in rows:
+                        self.checks.fail(
+                            f"{req_id} writes tokens {start}-{end - 1} of group {group} into "
+                            "the null block"
+                        )
+                        return
+                    self.gpu[rows, cols] = torch.tensor(chain[start:end], dtype=torch.int64)
             self.stats["positions written"] += n
 
-    def _request_chain(self, req_id: str, tokens: list[int]):
-        """A request's words, as a list and a tensor, built once per request."""
+    def _request_chain(self, req_id: str, tokens: list[int], group: int = 0):
+        """A request's words in ``group``, as a list and a tensor, built once per request."""
         import torch
 
-        entry = self._requests.get(req_id)
+        entry = self._requests.get((req_id, group))
         if entry is None or entry[0] != len(tokens):
-            chain = self._chain(tokens)
-            entry = self._requests[req_id] = (
+            chain = self._chain(tokens, group)
+            entry = self._requests[(req_id, group)] = (
                 len(tokens),
                 chain,
                 torch.tensor(chain, dtype=torch.int64),
@@ -286,31 +356,43 @@ class BytesWorker(FakeWorker):
         return entry[1], entry[2]
 
     def _check_context(
-        self, req_id: str, blocks: list[int], chain: list[int], upto: int, words=None
+        self,
+        req_id: str,
+        blocks: list[int],
+        chain: list[int],
+        low: int,
+        upto: int,
+        words=None,
+        group: int = 0,
     ) -> None:
+        """Positions ``[low, upto)`` of ``req_id`` in ``group`` hold its own prefix."""
         import torch
 
         nblocks = -(-upto // self.bs)
         if nblocks > len(blocks):
             self.checks.fail(f"{req_id} computes with {upto} tokens but has {len(blocks)} blocks")
             return
-        if not upto:
+        if upto <= low:
             return
-        got = self.gpu[torch.tensor(blocks[:nblocks], dtype=torch.long)].reshape(-1)[:upto]
-        want = words[:upto] if words is not None else torch.tensor(chain[:upto])
+        positions = torch.arange(low, upto)
+        rows = torch.tensor(blocks, dtype=torch.long)[positions // self.bs]
+        got = self.gpu[rows, positions % self.bs]
+        want = words[low:upto] if words is not None else torch.tensor(chain[low:upto])
         wrong = (got != want).nonzero()
         if len(wrong):
-            p = int(wrong[0])
+            p = low + int(wrong[0])
             b = p // self.bs
+            where = f" of group {group}" if group else ""
             self.checks.fail(
-                f"{req_id} computes with GPU block {blocks[b]} (tokens {b * self.bs}-"
-                f"{(b + 1) * self.bs - 1}) holding {self._what(int(got[p]))} at token {p}, where "
-                f"its own prefix {self._what(chain[p])} belongs"
+                f"{req_id} computes with GPU block {blocks[b]}{where} (tokens {b * self.bs}-"
+                f"{(b + 1) * self.bs - 1}) holding {self._what(int(got[p - low]))} at token {p}, "
+                f"where its own prefix {self._what(chain[p])} belongs"
             )
 
     # --- after every update
     def check_ready(self, is_ready: Callable[[bytes], bool]) -> None:
-        """Each key the manager reports ready sits in a chunk holding that key's content."""
+        """Each key the manager reports ready sits in a chunk holding that key's content (a
+        sliding-window chunk: or nothing, in a block its window never reaches)."""
         fresh, self.fresh = self.fresh, set()
         for key in fresh:
             chunk = self.key_chunk.get(key)
@@ -318,12 +400,32 @@ class BytesWorker(FakeWorker):
                 continue
             want = self._expect_chunk(key)
             got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()
-            if want is not None and got != want:
-                bad = got[-1][-1]
+            if want is None:
+                continue
+            # a sliding-window chunk's blocks before its last may be the null block's (or,
+            # where a release leaves them out, what the chunk held before): never read
+            unread = self.bpc - 1 if self._sliding(key) else 0
+            if any(g != w for g, w in list(zip(got, want))[unread:]):
+                bad = next(g for g, w in list(zip(got, want))[unread:] if g != w)[-1]
                 self.checks.fail(
                     f"chunk {chunk} is ready as {self.checks.name(key)} but holds {self._what(bad)}"
                 )
                 return
+
+
+def group_spans(gpu_spec: Any) -> tuple[list[int], list[int]]:
+    """A GPU spec's blocks per group and each group's first block index (one group where the
+    spec names none)."""
+    ids = getattr(gpu_spec, "block_ids", ())
+    sizes = [int(n) for n in (getattr(gpu_spec, "group_sizes", None) or [len(ids)])]
+    firsts = [int(i) for i in (getattr(gpu_spec, "block_indices", None) or [0] * len(sizes))]
+    return sizes, firsts
+
+
+def extents(sizes: list[int], firsts: list[int], blocks_per_chunk: int) -> list[int]:
+    """The chunk blocks each group's blocks reach, from its first chunk's start (the blocks a
+    release left out before its first block count: its chunks are whole from there)."""
+    return [first % blocks_per_chunk + size if size else 0 for size, first in zip(sizes, firsts)]
 
 
 class _WithoutFlush:

@@ -117,7 +117,17 @@ class Checks:
         return entry[1] if entry is not None and entry[0] is load_spec else None
 
     # --- store jobs
-    def issued(self, job_id: int, dst_spec: Any, gpu_blocks: int, blocks_per_chunk: int) -> None:
+    def issued(
+        self,
+        job_id: int,
+        dst_spec: Any,
+        gpu_blocks: int,
+        blocks_per_chunk: int,
+        reach: int | None = None,
+    ) -> None:
+        """A store job: its GPU blocks fill its chunks whole (``reach``: the chunk blocks its
+        KV-cache groups' blocks reach, each from its first chunk's start, where a release
+        leaves null blocks out; by default the GPU blocks themselves)."""
         entry = self.specs.pop(id(dst_spec), None)
         if entry is None or entry[0] is not dst_spec:
             self.fail(f"store job {job_id}: its CPU spec is not one the manager returned")
@@ -125,7 +135,7 @@ class Checks:
         keys = entry[1]
         if job_id in self.jobs:
             self.fail(f"store job {job_id} issued twice")
-        if gpu_blocks != len(keys) * blocks_per_chunk:
+        if (gpu_blocks if reach is None else reach) != len(keys) * blocks_per_chunk:
             self.fail(
                 f"store job {job_id}: {gpu_blocks} GPU block(s) for {len(keys)} "
                 f"chunk(s) of {blocks_per_chunk} block(s)"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapter import INSTALL_HINT
+from .layouts import FULL_ATTENTION, Layout
 
 SCHEDULER_MODULE = "vllm.v1.core.sched.scheduler"
 CONNECTOR_SCHEDULER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
@@ -22,20 +23,6 @@ BLOCK_SIZE = 2  # tokens per GPU block (and per block hash)
 MAX_MODEL_LEN = 64
 MAX_BATCHED_TOKENS = 8  # small, so that long prompts are prefilled in chunks
 MAX_SEQS = 4
-FAULTS = (
-    "double_complete",
-    "drop_complete",
-    "drop_removals",
-    "ignore_flush",  # the worker side (bytes_worker.BYTES_FAULTS)
-    "load_wrong_chunk",
-    "phantom_hit",  # the connector's scheduler side (exact.EXACT_FAULTS)
-    "reoffer",
-    "skip_new_request",
-    "keep_finished",
-    "ignore_max_load",
-    "drop_failure_metric",
-    "lock_left_held",
-)
 
 
 def unavailable_reason() -> str | None:
@@ -68,6 +55,7 @@ class Setup:
     batched_tokens: int = MAX_BATCHED_TOKENS
     max_model_len: int = MAX_MODEL_LEN
     kv_events: bool = True
+    layout: Layout = FULL_ATTENTION  # the model's KV-cache groups (layouts.py)
 
     @property
     def shape(self) -> Shape:
@@ -147,7 +135,7 @@ class _Configs:
         self._models: dict[int, Any] = {}
         self._vllm: dict[Shape, Any] = {}
         self._hashers: dict[int, Any] = {}
-        self._chunk_bytes: dict[tuple[Shape, int], int] = {}
+        self._chunk_bytes: dict[tuple[Shape, int, Layout], int] = {}
         self.scheduler_classes = self._scheduler_classes()
         self.runner_output_fields = self._runner_output_fields()
         try:  # how published events name a block hash (an int by default, or the bytes)
@@ -219,21 +207,14 @@ class _Configs:
             hasher = self._hashers[block_size] = get_request_block_hasher(block_size, hash_fn)
         return hasher
 
-    def kv_cache_config(self, gpu_blocks: int, block_size: int):
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    def kv_cache_config(self, gpu_blocks: int, block_size: int, layout: Layout = FULL_ATTENTION):
+        return layout.kv_cache_config(gpu_blocks, block_size)
 
-        spec = FullAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=1, dtype=self.torch.float32
-        )
-        return KVCacheConfig(
-            num_blocks=gpu_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["layer.0"], spec)],
-        )
-
-    def chunk_bytes(self, shape: Shape, blocks_per_chunk: int) -> int:
+    def chunk_bytes(
+        self, shape: Shape, blocks_per_chunk: int, layout: Layout = FULL_ATTENTION
+    ) -> int:
         """What the connector's spec counts one CPU chunk as (aligned), asked of the spec."""
-        if (shape, blocks_per_chunk) not in self._chunk_bytes:
+        if (shape, blocks_per_chunk, layout) not in self._chunk_bytes:
             from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import (
                 build_offloading_config,
             )
@@ -244,7 +225,7 @@ class _Configs:
             extra.clear()
             extra.update(cpu_bytes_to_use=1 << 30, blocks_per_chunk=blocks_per_chunk)
             spec = OffloadingSpecFactory.create_spec(
-                build_offloading_config(config, self.kv_cache_config(8, shape.block_size))
+                build_offloading_config(config, self.kv_cache_config(8, shape.block_size, layout))
             )
             size = getattr(spec, "kv_bytes_per_chunk", 0)
             if not size:
@@ -252,8 +233,8 @@ class _Configs:
                     f"{type(spec).__name__} does not say how many bytes a "
                     "chunk takes (no kv_bytes_per_chunk)"
                 )
-            self._chunk_bytes[(shape, blocks_per_chunk)] = int(size)
-        return self._chunk_bytes[(shape, blocks_per_chunk)]
+            self._chunk_bytes[(shape, blocks_per_chunk, layout)] = int(size)
+        return self._chunk_bytes[(shape, blocks_per_chunk, layout)]
 
     @staticmethod
     def _scheduler_classes() -> dict[bool, type]:

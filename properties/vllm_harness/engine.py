@@ -14,7 +14,19 @@ from .checks import Checks
 from .configs import Setup, configs
 from .exact import EXACT_FAULTS, ExactChecks
 from .fake_worker import FakeWorker
-from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
+from .front import (
+    FRONT_FAULTS,
+    Front,
+    _Unchecked,
+    build_oracle,
+    manager_factory,
+    spec_config_info,
+)
+from .layouts import offload_key
+from .lookup_metrics import LOOKUP_FAULTS, LookupDelays
+
+# Every known-bad variant, one list built from where each is planted (tests of the checks).
+FAULTS = FRONT_FAULTS + BYTES_FAULTS + EXACT_FAULTS + LOOKUP_FAULTS
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -71,7 +83,7 @@ class VllmEngine:
         if cls is None:
             raise RuntimeError("this vLLM has no AsyncScheduler")
         vllm_config = cfg.vllm(setup.shape)
-        chunk_bytes = cfg.chunk_bytes(setup.shape, setup.blocks_per_chunk)
+        chunk_bytes = cfg.chunk_bytes(setup.shape, setup.blocks_per_chunk, setup.layout)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         extra.clear()
         extra.update(
@@ -85,7 +97,7 @@ class VllmEngine:
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
         self.sched = cls(
             vllm_config=vllm_config,
-            kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size),
+            kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size, setup.layout),
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=setup.block_size,
             log_stats=True,
@@ -119,6 +131,7 @@ class VllmEngine:
             num_chunks=setup.num_chunks,
             block_size=setup.block_size,
             blocks_per_chunk=setup.blocks_per_chunk,
+            layout=setup.layout,
             tokens_of=self._tokens_of,
             blocks_of=self._blocks_of,
             prefix_of=self._prefix_of,
@@ -131,6 +144,9 @@ class VllmEngine:
             self, self.checks, self._ready, fault if fault in EXACT_FAULTS else None
         )
         self.front.exact = self.exact
+        self.lookup_delays = LookupDelays(
+            self.connector, self.checks, fault if fault in LOOKUP_FAULTS else None
+        )
         self.queue: list[_Batch] = []
         self.requests: dict[str, Any] = {}  # every request added, finished ones too
         self.steps = 0
@@ -150,8 +166,10 @@ class VllmEngine:
         limit = getattr(req, "max_tokens", None) or self.setup.max_model_len
         return prompt + [SAMPLED_TOKEN] * (limit + 1)
 
-    def _blocks_of(self, req_id: str) -> list[int]:
-        return list(self.sched.kv_cache_manager.get_block_ids(req_id)[0])
+    def _blocks_of(self, req_id: str) -> tuple[list[int], ...]:
+        """A request's GPU blocks, per KV-cache group (the null block, 0, where a group freed
+        one: below a sliding window)."""
+        return tuple(list(g) for g in self.sched.kv_cache_manager.get_block_ids(req_id))
 
     def _prefix_of(self, key: bytes) -> tuple[int, ...] | None:
         prefix = self.prefixes.get(key)
@@ -161,7 +179,8 @@ class VllmEngine:
         return prefix
 
     def learn_prefixes(self) -> None:
-        """The prefix each chunk key of each live request names."""
+        """The prefix each chunk key of each live request names (every group's key of a chunk
+        names the same prefix)."""
         bpc, bs = self.setup.blocks_per_chunk, self.setup.block_size
         for req in self.sched.requests.values():
             tokens = None
@@ -174,10 +193,11 @@ class VllmEngine:
                 block_hash = hashes[i]
                 if (i + 1) % bpc:
                     continue
-                key = bytes(block_hash) + b"\0\0\0\0"
-                if key not in self.prefixes:
-                    tokens = tokens if tokens is not None else list(req.all_token_ids)
-                    self.prefixes[key] = tuple(tokens[: (i + 1) * bs])
+                if offload_key(block_hash, 0) in self.prefixes:
+                    continue
+                tokens = tokens if tokens is not None else list(req.all_token_ids)
+                for group in range(len(self.setup.layout.windows)):
+                    self.prefixes[offload_key(block_hash, group)] = tuple(tokens[: (i + 1) * bs])
 
     # --- engine events
     def add_request(

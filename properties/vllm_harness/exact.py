@@ -1,8 +1,9 @@
 """What the connector's scheduler side says and keeps, checked exactly (issue 30, items 2 and 3).
 
 - **hits exact**: the tokens ``get_num_new_matched_tokens`` reports as loadable are the longest
-  run of chunks, from the chunk that holds the first token not computed on the GPU, that the CPU
-  tier has ready at that moment, capped by the request's keyed chunks, its tokens and the
+  hit the CPU tier can serve at that moment under the example's KV-cache layout (layouts.py:
+  with one full-attention group, the longest run of chunks from the chunk that holds the first
+  token not computed on the GPU), capped by the request's keyed chunks, its tokens and the
   scheduler's ``max_num_new_tokens``, and 0 below one chunk (a deferral, ``None``, is not
   judged: the connector defers while the request has transfers in flight or a chunk it would
   load is being loaded); a request's ``max_load_tokens`` (its ``kv_transfer_params``) caps the
@@ -32,7 +33,10 @@ offered again at every step), ``skip_new_request`` (``on_new_request`` never rea
 manager), ``keep_finished`` (a finished request's state is never dropped),
 ``ignore_max_load`` (a request's ``max_load_tokens`` is never read), ``drop_failure_metric``
 (one failed store allocation never reaches the connector's metric), ``lock_left_held`` (the
-step's region of the manager's lock is never closed).
+step's region of the manager's lock is never closed), ``window_last_token`` (a
+layout with a sliding-window group gets a hit up to the request's last token, which must be
+recomputed with its window), ``drafter_unproven`` (a drafter's (EAGLE) group is taken for
+a target group: hits its chunk past the hit does not prove).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import Checks
+from .layouts import offload_key
 
 EXACT_FAULTS = (
     "phantom_hit",
@@ -50,6 +55,8 @@ EXACT_FAULTS = (
     "ignore_max_load",
     "drop_failure_metric",
     "lock_left_held",
+    "window_last_token",
+    "drafter_unproven",
 )
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
@@ -145,38 +152,72 @@ class ExactChecks:
                     status.max_load_tokens = None
 
             conn.on_new_request = on_new_request
+        if self.fault == "window_last_token" and hasattr(conn, "_sliding_window_groups"):
+            lookup = conn._lookup_complete_chunks
+
+            def _lookup_complete_chunks(*args, **kwargs):
+                groups, conn._sliding_window_groups = conn._sliding_window_groups, ()
+                try:  # the cap a window needs (the last token left to recompute) is lost
+                    return lookup(*args, **kwargs)
+                finally:
+                    conn._sliding_window_groups = groups
+
+            conn._lookup_complete_chunks = _lookup_complete_chunks
+        if self.fault == "drafter_unproven" and hasattr(conn, "config"):
+            groups = getattr(conn.config, "kv_group_configs", ())
+            conn.config = conn.config._replace(
+                kv_group_configs=tuple(
+                    g._replace(is_eagle_group=False) if getattr(g, "is_eagle_group", False) else g
+                    for g in groups
+                )
+            )
         if self.fault == "keep_finished" and hasattr(conn, "_req_status"):
             conn._req_status = _NeverForgets(conn._req_status)
 
     # ------------------------------------------------------------------ hits
-    def _keys(self, request: Any) -> list[bytes]:
+    def _keys(self, request: Any, group: int = 0) -> list[bytes]:
         bpc = self.engine.setup.blocks_per_chunk
         return [
-            bytes(h) + b"\0\0\0\0" for i, h in enumerate(request.block_hashes) if (i + 1) % bpc == 0
+            offload_key(h, group) for i, h in enumerate(request.block_hashes) if (i + 1) % bpc == 0
         ]
 
     def _expected_hit(self, request, num_computed, max_num_new_tokens=None, *_, **kw) -> int:
+        """The longest hit the CPU tier can serve now, as the layout says (layouts.py)."""
         max_num_new_tokens = kw.get("max_num_new_tokens", max_num_new_tokens)
-        keys = self._keys(request)
-        start = num_computed // self.chunk_tokens
-        ready = 0
-        for key in keys[start:]:
-            if not self.is_ready(key):
-                break
-            ready += 1
-        end = min(request.num_tokens, len(keys) * self.chunk_tokens)
+        layout = self.engine.setup.layout
+        tokens = self.chunk_tokens
+        keys = [self._keys(request, g) for g in range(len(layout.windows))]
+        start = num_computed // tokens
+        # the request's last token is recomputed where a window needs it
+        end = min(request.num_tokens - layout.sliding, len(keys[0]) * tokens)
         if max_num_new_tokens is not None:
             end = min(end, num_computed + max_num_new_tokens)
         cap = (request.kv_transfer_params or {}).get("max_load_tokens")
+        capped = None
         if type(cap) is int and cap >= 0:  # loads end on a chunk boundary within the cap
             capped = min(end, num_computed + cap)
-            capped -= capped % self.chunk_tokens
-            if capped < min(end, (start + ready) * self.chunk_tokens):
-                self.stats["capped hits"] += 1
-            end = capped
-        end = min(end, (start + ready) * self.chunk_tokens)
-        hit = end - num_computed
-        return hit if hit >= self.chunk_tokens else 0
+            capped -= capped % tokens
+        ready: dict[tuple[int, int], bool] = {}
+
+        def is_ready(group: int, chunk: int) -> bool:
+            if (group, chunk) not in ready:
+                ready[(group, chunk)] = self.is_ready(keys[group][chunk])
+            return ready[(group, chunk)]
+
+        def longest(end: int) -> int:
+            """The longest servable hit ending at ``end`` or at a chunk boundary below it."""
+            ends = [end] + list(range((end - 1) // tokens * tokens, 0, -tokens))
+            for e in ends:
+                if e - num_computed < tokens:
+                    return 0
+                if layout.servable(e, start, tokens, len(keys[0]), is_ready):
+                    return e - num_computed
+            return 0
+
+        hit = longest(end if capped is None else capped)
+        if capped is not None and capped < end and longest(end) > hit:
+            self.stats["capped hits"] += 1
+        return hit
 
     def _judge_hit(self, request, num_computed, hit, want) -> None:
         if hit is None:
@@ -245,7 +286,12 @@ class ExactChecks:
         if who not in self.ran or self.admitted.get(req_id) != self.checks.generation:
             return  # not scheduled since it last restarted, or a cache reset in its life
         covered = self.offers.get(who, set())
-        keys = self._keys(request)[: computed // self.chunk_tokens]
+        # the full-attention group's chunks (a sliding-window group skips the chunks no window
+        # can reach, a drafter's group its last while decoding)
+        group = self.engine.setup.layout.checked_offers
+        if group is None:
+            return
+        keys = self._keys(request, group)[: computed // self.chunk_tokens]
         loaded = self.loads.get(who, set())
         # A chunk-level offloading context skips the chunks a load covered, and the GPU hits
         # before them: everything up to the last chunk loaded.

@@ -28,9 +28,12 @@ class FakeWorker:
         """One step's connector metadata, as the worker gets it before the forward pass."""
         if meta is None:
             return
+        from .bytes_worker import extents, group_spans
+
         for job_id, job in (getattr(meta, "store_jobs", None) or {}).items():
-            gpu = len(getattr(job.src_spec, "block_ids", ()))
-            self.checks.issued(job_id, job.dst_spec, gpu, self.blocks_per_chunk)
+            sizes, firsts = group_spans(job.src_spec)
+            reach = sum(extents(sizes, firsts, self.blocks_per_chunk))
+            self.checks.issued(job_id, job.dst_spec, sum(sizes), self.blocks_per_chunk, reach)
             self._start(job_id, "store", job.req_id)
         for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
             self._start(job_id, "load", job.req_id)

@@ -12,10 +12,14 @@ from typing import Any
 
 from kvgate.impl.base import STORES_SKIPPED
 
-from ..adapters import factory_takes
+from ..adapters import Config, factory_takes, model_for
 from ..oracle import LockstepManager
 from .checks import Checks
 from .configs import Setup
+
+# Known-bad connectors planted at the front: a store job completed twice, a completion dropped,
+# the manager's removal events lost (the request-level checks of checks.py catch them).
+FRONT_FAULTS = ("double_complete", "drop_complete", "drop_removals")
 
 # ---------------------------------------------------------------------------- the front
 _NOT_ASKED = object()  # the adapter's raw answer before a call reaches the manager
@@ -215,9 +219,10 @@ def spec_config_info(setup: Setup, chunk_bytes: int) -> list[dict[str, Any]]:
     """What a manager built by the connector's ``CPUOffloadingSpec`` publishes as its
     configuration (``config_info``): the tier's chunks, blocks per chunk, size in bytes (the
     spec's aligned chunk size) and the tokens it holds for requests of ``max_model_len``
-    tokens (one full-attention group: the chunks one such request needs, rounded up)."""
+    tokens (the chunks one such request keeps, over every KV-cache group of the layout: all of
+    a full-attention group's, a sliding-window group's window)."""
     chunk_tokens = setup.block_size * setup.blocks_per_chunk
-    per_request = -(-setup.max_model_len // chunk_tokens)
+    per_request = setup.layout.chunks_per_request(setup.max_model_len, chunk_tokens)
     return [
         {
             "cpu_num_chunks": setup.num_chunks,
@@ -241,18 +246,18 @@ def build_oracle(
     release, foreign for ``foreign=vllm...``: spec §9), the model built with the recency the
     target was found to have (spec §4). ``config_info``: what the manager was told to publish
     (a manager the connector's spec built), else the model's own answer."""
-    from kvgate.model.cache import Model
-
-    model = Model(
-        setup.num_chunks,
-        store_threshold=setup.store_threshold,
-        max_tracker_size=setup.max_tracker_size,
-        policy=setup.policy,
-        enable_events=setup.kv_events,
-        recency=target.recencies[0],
+    model = model_for(
+        Config(
+            num_chunks=setup.num_chunks,
+            store_threshold=setup.store_threshold,
+            max_tracker_size=setup.max_tracker_size,
+            cache_policy=setup.policy,
+            enable_events=setup.kv_events,
+            recency=target.recencies[0],
+        )
     )
-    if config_info is not None:  # this model's answer only: mypy refuses any method assigned
-        model.config_info = lambda: [dict(m) for m in config_info]  # type: ignore[method-assign]
+    if config_info is not None:  # the answer this model gives, on this instance only
+        model.config_info = lambda: [dict(m) for m in config_info]
     kwargs: dict[str, Any] = {"foreign": target.foreign, "log": log}
     if key_name is not None:
         kwargs["key_name"] = key_name

@@ -1,0 +1,107 @@
+"""The connector's lookup metrics, counted exactly (issue 30, item 4; spec §7.2).
+
+The connector's scheduler side times its lookups and reports two histograms with its stats
+(where the release has them):
+
+- ``vllm:kv_offload_lookup_sync_delay_seconds``: one observation per lookup it runs (a call of
+  ``get_num_new_matched_tokens`` for a request with no transfer in flight);
+- ``vllm:kv_offload_lookup_async_delay_seconds``: one observation per deferral: from a lookup
+  that answers ``None`` (the tier asked for time, or a chunk it would load is being loaded) to
+  the request's next lookup that answers a number, or to its finish, whichever comes first.
+
+The seconds themselves are not judged (they are wall-clock); the counts are: at every
+``get_stats`` (which hands over what was observed since the last one) the observations
+reported so far equal the lookups and the closed deferrals seen so far.
+
+Known-bad connector (``LOOKUP_FAULTS``): ``drop_async_delay`` (a deferral closes without its
+observation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checks import Checks
+
+LOOKUP_FAULTS = ("drop_async_delay",)
+SYNC_DELAY = "vllm:kv_offload_lookup_sync_delay_seconds"
+ASYNC_DELAY = "vllm:kv_offload_lookup_async_delay_seconds"
+
+
+class LookupDelays:
+    """Wraps the connector's scheduler side (instance attributes only) and counts."""
+
+    def __init__(self, conn: Any, checks: Checks, fault: str | None = None):
+        self.conn = conn
+        self.checks = checks
+        self.want = {SYNC_DELAY: 0, ASYNC_DELAY: 0}
+        self.got = {SYNC_DELAY: 0, ASYNC_DELAY: 0}
+        self.deferred: set[str] = set()  # requests whose last lookup answered None
+        if hasattr(conn, "_maybe_observe_lookup_async_delay") and hasattr(conn, "get_stats"):
+            self._wrap(fault)
+
+    def _wrap(self, fault: str | None) -> None:
+        conn = self.conn
+        matched = conn.get_num_new_matched_tokens
+
+        def get_num_new_matched_tokens(request, *args, **kwargs):
+            status = conn._req_status.get(request.request_id)
+            runs = status is not None and not status.transfer_jobs
+            got = matched(request, *args, **kwargs)
+            if runs:
+                self.lookup(request.request_id, got[0] if isinstance(got, tuple) else got)
+            return got
+
+        conn.get_num_new_matched_tokens = get_num_new_matched_tokens
+        finished = conn.request_finished
+
+        def request_finished(request, *args, **kwargs):
+            if request.request_id in conn._req_status:
+                self.close(request.request_id)
+            return finished(request, *args, **kwargs)
+
+        conn.request_finished = request_finished
+        if fault == "drop_async_delay":
+            conn._maybe_observe_lookup_async_delay = _forget_deferral
+        get_stats = conn.get_stats
+
+        def get_stats_counted():
+            stats = get_stats()
+            reduce = getattr(stats, "reduce", None)
+            if reduce is not None:
+                for name, value in reduce().items():
+                    for metric in self.got:
+                        if name.startswith(metric) and name.endswith("_count"):
+                            self.got[metric] += int(value)
+            self.check()
+            return stats
+
+        conn.get_stats = get_stats_counted
+
+    def lookup(self, req_id: str, hit: int | None) -> None:
+        self.want[SYNC_DELAY] += 1
+        if hit is None:
+            self.deferred.add(req_id)
+            self.checks.stats["deferred lookups timed"] += 1
+        else:
+            self.close(req_id)
+
+    def close(self, req_id: str) -> None:
+        if req_id in self.deferred:
+            self.deferred.discard(req_id)
+            self.want[ASYNC_DELAY] += 1
+
+    def check(self) -> None:
+        for metric, want in self.want.items():
+            if self.got[metric] != want:
+                what = "lookups run" if metric == SYNC_DELAY else "deferred lookups closed"
+                self.checks.fail(
+                    f"the connector's {metric} histogram holds {self.got[metric]} "
+                    f"observation(s); there were {want} {what}"
+                )
+                return
+
+
+def _forget_deferral(req_status: Any) -> None:
+    """A deferral closed with no observation (fault ``drop_async_delay``)."""
+    req_status.deferred_lookup_start_time = None
