@@ -11,6 +11,10 @@ from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
 from tests.upstream_patches import SkipCountedOnce
 
 
+def _never() -> None:
+    """A compaction that does nothing."""
+
+
 class UsageOneWithoutChunks(SkipCountedOnce):
     """Reports its tier as full when it has no chunks at all (the zero-chunk twin sees it)."""
 
@@ -39,3 +43,14 @@ class InfoDropped(SkipCountedOnce):
 
     def __init__(self, *args, info=None, **kwargs):
         super().__init__(*args, **kwargs)
+
+
+class HeapNeverCompacted(SkipCountedOnce):
+    """Its LRU policy never compacts its lazy heap: every entry a rank change or a chunk that
+    becomes evictable again leaves behind stays until an eviction pops it. Every answer is
+    right; only the heap grows with the number of calls (spec §4.8)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if hasattr(self._policy, "_maybe_compact_heap"):  # LRU; ARC keeps no heap
+            self._policy._maybe_compact_heap = _never

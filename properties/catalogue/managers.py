@@ -8,6 +8,7 @@ under which the bug shows, and whether the scheduler path alone must catch it).
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -601,6 +602,26 @@ tests/test_manager.py breaks it by example.""",
 )
 
 
+# --- retained state (spec §4.8) ---
+
+
+class _HeapNeverCompacted:
+    def _set(self, key, rank):
+        self.ranks[key] = rank
+        heapq.heappush(self._heap, (rank, key))
+
+
+HeapNeverCompacted = _policy_variant(
+    _HeapNeverCompacted,
+    RankedLRUPolicy,
+    "HeapNeverCompacted",
+    """LRU by rank:
+the lazy heap is never rebuilt, so every rank change leaves a stale entry that stays until an
+eviction happens to pop it; every answer is right, and the heap grows with the number of
+touches, loads and commits instead of with the resident keys (spec §4.8).""",
+)
+
+
 # --- metrics never silent, events, the interface answers, construction (spec s5, s9) ---
 
 
@@ -747,6 +768,8 @@ MUTANTS: dict[str, Mutant] = {
     "pending_offer_is_reuse": Mutant(PendingOfferIsReuse, ("arc",), recencies=REQUEST),
     "arc_ghost_stays": Mutant(ArcGhostStays, ("arc",), recencies=REQUEST),
     "arc_misses_in_offer_order": Mutant(ArcMissesInOfferOrder, ("arc",), recencies=REQUEST),
+    # retained state
+    "heap_never_compacted": Mutant(HeapNeverCompacted, ("lru",), recencies=REQUEST),
     # metrics, events, interface answers, construction
     "skip_metric_silent_at_zero": Mutant(SkipMetricSilentAtZero),
     "stats_none_when_idle": Mutant(StatsNoneWhenIdle),
