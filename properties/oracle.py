@@ -150,6 +150,9 @@ class LockstepManager:
         self._named_by: dict[int, set[bytes]] = {}
         self._context_types: set[type] = set()
         self.unmeasured = ""  # why the retained state is not measured (never a verdict)
+        self._largest: tuple[tuple[str, int], ...] = ()  # the latest measure's largest ones
+        # what the manager holds as built (its fixed tables): the bound's starting point
+        self._built = self._measure([])
 
     # --- bookkeeping
     def set_step(self, step: int) -> None:
@@ -604,6 +607,7 @@ class LockstepManager:
         """The most a manager may retain now (spec §4.8), and how it is made up; ``held``: the
         request contexts the scheduler still holds."""
         model = self.model
+        built = self._built or 0
         c = model.num_chunks
         k = min(model.max_tracker_size, len(self._keys_named)) if model.threshold >= 2 else 0
         reqs = [self.handle(ctx) for ctx in held]
@@ -611,19 +615,18 @@ class LockstepManager:
         q = sum(len(e[0]) for e in model.events)
         if "get_stats" not in self.missing:  # without it no sample is kept to be read
             q += len(model.samples)
-        bound = RETAINED_FACTOR * (c + k + r + q) + RETAINED_SLACK
+        bound = built + RETAINED_FACTOR * (c + k + r + q) + RETAINED_SLACK
         return bound, (
-            f"{RETAINED_FACTOR} x ({c} chunks + {k} tracker keys + {r} for {len(reqs)} live "
-            f"requests and their keys + {q} unread event keys and samples) + {RETAINED_SLACK}"
+            f"{built} as built + {RETAINED_FACTOR} x ({c} chunks + {k} tracker keys + {r} for "
+            f"{len(reqs)} live requests and their keys + {q} unread event keys and samples) "
+            f"+ {RETAINED_SLACK}"
         )
 
-    def check_retained(self, held: Iterable[Any]) -> int | None:
-        """The target's retained state (``oracle_retained``) within ``retained_bound``; the
-        entries counted, or ``None`` where it cannot be measured (``unmeasured`` says why, and
-        nothing is judged: a failure to measure is never a verdict)."""
+    def _measure(self, held: list) -> int | None:
+        """The target's retained state (``oracle_retained``), or ``None`` where it cannot be
+        measured (``unmeasured`` then says why)."""
         if self.unmeasured:
             return None
-        held = list(held)
         manager = getattr(self.target, "manager", None)
         if manager is None:
             self.unmeasured = "its adapter shows no manager object to measure"
@@ -635,17 +638,28 @@ class LockstepManager:
         if got.failed:
             self.unmeasured = f"measuring its state failed ({got.failed})"
             return None
+        self._largest = got.largest
+        return got.entries
+
+    def check_retained(self, held: Iterable[Any]) -> int | None:
+        """The target's retained state (``oracle_retained``) within ``retained_bound``; the
+        entries counted, or ``None`` where it cannot be measured (``unmeasured`` says why, and
+        nothing is judged: a failure to measure is never a verdict)."""
+        held = list(held)
+        entries = self._measure(held)
+        if entries is None:
+            return None
         bound, terms = self.retained_bound(held)
-        if got.entries > bound:
-            largest = ", ".join(f"{path} {n}" for path, n in got.largest)
+        if entries > bound:
+            largest = ", ".join(f"{path} {n}" for path, n in self._largest)
             raise self.diverge(
                 "retained state (entries of the manager's collections)",
-                f"{got.entries} (largest: {largest})",
+                f"{entries} (largest: {largest})",
                 f"at most {bound} = {terms}",
                 "the manager's state grows with the number of calls, not with what it must "
                 "hold (spec §4.8)",
             )
-        return got.entries
+        return entries
 
     # --- whole-state checks, incremental: what changed since the last check
     def check_state(self) -> None:
