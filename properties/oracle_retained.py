@@ -81,16 +81,17 @@ class Retained(NamedTuple):
 
 
 _shared: dict[int, Any] = {}
-_modules_seen = 0
+_scanned: set[str] = set()
 
 
 def _shared_ids() -> dict[int, Any]:
     """Every value bound at the top level of a loaded module, by id (the values are held, so
-    an id stays theirs); refreshed when more modules are loaded."""
-    global _modules_seen
-    modules = list(sys.modules.values())
-    if len(modules) != _modules_seen:
-        for module in modules:
+    an id stays theirs); the modules loaded since the last call are added."""
+    if len(_scanned) != len(sys.modules):
+        for name, module in list(sys.modules.items()):
+            if name in _scanned:
+                continue
+            _scanned.add(name)
             try:
                 values = list(vars(module).values())
             except TypeError:  # not a module object: nothing of its is shared
@@ -98,7 +99,6 @@ def _shared_ids() -> dict[int, Any]:
             for value in values:
                 if not issubclass(type(value), _ATOMS):  # type(): no lazy proxy's __class__
                     _shared[id(value)] = value
-        _modules_seen = len(modules)
     return _shared
 
 
