@@ -187,8 +187,31 @@ class BytesWorker(FakeWorker):
     def finish(self, jobs: Iterable[int]) -> None:
         for job in jobs:
             if job in self.in_flight and job not in self.done:
-                self._copy(job)
+                if job in self.failed:
+                    self._lose(job)
+                else:
+                    self._copy(job)
                 self.done.append(job)
+
+    def _lose(self, job_id: int) -> None:
+        """A store whose copy failed: its chunks keep what they held (judged if the manager
+        calls any of them ready)."""
+        entry = self.transfers.pop(job_id, None)
+        if entry is None:
+            return
+        keys = list(entry[4] or ())
+        for key, chunk in zip(keys, [int(c) for c in entry[3].block_ids]):
+            self._place(key, chunk)
+
+    def _place(self, key: bytes, chunk: int) -> None:
+        old = self.chunk_key.get(chunk)
+        if old is not None and self.key_chunk.get(old) == chunk:
+            del self.key_chunk[old]
+        if old is not None:
+            self.fresh.add(old)
+        self.chunk_key[chunk] = key
+        self.key_chunk[key] = chunk
+        self.fresh.add(key)
 
     def _copy(self, job_id: int) -> None:
         entry = self.transfers.pop(job_id, None)
@@ -230,14 +253,7 @@ class BytesWorker(FakeWorker):
             self.copier.get_finished()
             at, used = at + size, used + count
         for key, chunk in zip(keys, chunks):
-            old = self.chunk_key.get(chunk)
-            if old is not None and self.key_chunk.get(old) == chunk:
-                del self.key_chunk[old]
-            if old is not None:
-                self.fresh.add(old)
-            self.chunk_key[chunk] = key
-            self.key_chunk[key] = chunk
-            self.fresh.add(key)
+            self._place(key, chunk)
         self.stats["bytes stored"] += len(gpu_ids) * self.bs * 8
 
     def _store_group(self, job_id, req_id, gpu_ids, keys, offset) -> None:

@@ -56,6 +56,8 @@ class Setup:
     max_model_len: int = MAX_MODEL_LEN
     kv_events: bool = True
     layout: Layout = FULL_ATTENTION  # the model's KV-cache groups (layouts.py)
+    sync_load_budget: int = 0  # bytes a step may load synchronously (0: every load async)
+    self_describing: bool = False  # store events carry each chunk's tokens and parent
 
     @property
     def shape(self) -> Shape:

@@ -12,6 +12,7 @@ from ..adapters import factory_takes
 from .bytes_worker import BYTES_FAULTS, BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
+from .event_payload import PAYLOAD_FAULTS, Publisher
 from .exact import EXACT_FAULTS, ExactChecks
 from .fake_worker import FakeWorker
 from .front import (
@@ -26,23 +27,10 @@ from .layouts import offload_key
 from .lookup_metrics import LOOKUP_FAULTS, LookupDelays
 
 # Every known-bad variant, one list built from where each is planted (tests of the checks).
-FAULTS = FRONT_FAULTS + BYTES_FAULTS + EXACT_FAULTS + LOOKUP_FAULTS
+FAULTS = FRONT_FAULTS + BYTES_FAULTS + EXACT_FAULTS + LOOKUP_FAULTS + PAYLOAD_FAULTS
 
 
 # ---------------------------------------------------------------------------- the engine
-class _Published:
-    """Stands for the scheduler's KV event publisher: hands each batch to the checks."""
-
-    def __init__(self, checks: Checks):
-        self.checks = checks
-
-    def publish(self, batch: Any) -> None:
-        self.checks.published(getattr(batch, "events", ()))
-
-    def shutdown(self) -> None:
-        return None
-
-
 @dataclass
 class _Batch:
     output: Any  # SchedulerOutput
@@ -94,6 +82,10 @@ class VllmEngine:
             eviction_policy=setup.policy,
             offload_prompt_only=setup.offload_prompt_only,
         )
+        if setup.sync_load_budget:
+            extra["sync_load_budget_bytes"] = setup.sync_load_budget
+        if setup.self_describing:
+            extra["self_describing_kv_events"] = True
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
         self.sched = cls(
             vllm_config=vllm_config,
@@ -120,9 +112,19 @@ class VllmEngine:
         front_of = self.oracle if lockstep else _Unchecked(self.adapter)
         self.front = Front(front_of, self.adapter, real, self.checks, fault)
         self.connector.manager = self.front
-        self.sched.kv_event_publisher = _Published(self.checks)
+        layout = setup.layout
+        self.sched.kv_event_publisher = Publisher(
+            self.checks,
+            described=lambda g: setup.self_describing and layout.windows[g] is None,
+            blocks_per_chunk=setup.blocks_per_chunk,
+            chunk_tokens=setup.block_size * setup.blocks_per_chunk,
+            prefix_of=self._prefix_of_event,
+            describe=lambda t: self.describe(t),
+            fault=fault if fault in PAYLOAD_FAULTS else None,
+        )
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
         self._learned: dict[str, int] = {}  # req -> block hashes already learned
+        self._by_external: dict[tuple[Any, int], list[bytes]] = {}  # (event hash, group) -> key
         self.describe: Callable[[tuple[int, ...]], str] = lambda t: repr(list(t))
         self.move_bytes = move_bytes
         self.worker: FakeWorker = BytesWorker(
@@ -178,6 +180,13 @@ class VllmEngine:
             prefix = self.prefixes.get(key)
         return prefix
 
+    def _prefix_of_event(self, external: Any, group: int) -> tuple[int, ...] | None:
+        """The prefix a chunk named in an event by its key's hash (as published) ends."""
+        self.learn_prefixes()
+        for key in self._by_external.get((external, group), ()):
+            return self.prefixes.get(key)
+        return None
+
     def learn_prefixes(self) -> None:
         """The prefix each chunk key of each live request names (every group's key of a chunk
         names the same prefix)."""
@@ -197,7 +206,11 @@ class VllmEngine:
                     continue
                 tokens = tokens if tokens is not None else list(req.all_token_ids)
                 for group in range(len(self.setup.layout.windows)):
-                    self.prefixes[offload_key(block_hash, group)] = tuple(tokens[: (i + 1) * bs])
+                    key = offload_key(block_hash, group)
+                    self.prefixes[key] = tuple(tokens[: (i + 1) * bs])
+                    if self.setup.self_describing:
+                        name = (self.cfg.external_hash(bytes(block_hash)), group)
+                        self._by_external.setdefault(name, [key])
 
     # --- engine events
     def add_request(

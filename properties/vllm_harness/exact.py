@@ -224,6 +224,8 @@ class ExactChecks:
             self.stats["deferred lookups"] += 1
             return
         self.stats["hits judged"] += 1
+        if want:
+            self.stats["servable hits"] += 1
         if hit != want:
             what = "phantom hit" if hit > want else "missed hit"
             self.checks.fail(

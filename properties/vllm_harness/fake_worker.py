@@ -23,6 +23,8 @@ class FakeWorker:
         self.started: dict[int, int] = {}  # job -> the engine step that issued it
         self.clock = 0  # the engine step now (the engine sets it)
         self.stats: Counter[str] = Counter()
+        self.failed: set[int] = set()  # completed jobs whose copy failed (reported so)
+        self.can_fail = _reports_failures()  # the release's worker metadata carries failures
 
     def receive(self, meta: Any) -> None:
         """One step's connector metadata, as the worker gets it before the forward pass."""
@@ -35,16 +37,20 @@ class FakeWorker:
             reach = sum(extents(sizes, firsts, self.blocks_per_chunk))
             self.checks.issued(job_id, job.dst_spec, sum(sizes), self.blocks_per_chunk, reach)
             self._start(job_id, "store", job.req_id)
+        sync = []
         for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
             self._start(job_id, "load", job.req_id)
             if getattr(job, "sync", False):  # waited for within the step: no finished_recving
                 self.stats["sync loads"] += 1
                 self.in_flight[job_id] = ("sync load", job.req_id)
-                self.finish([job_id])
+                sync.append(job_id)
+        # as vLLM's worker side: the stores to flush first (their blocks are about to be
+        # reused), then the loads this step waits for
         flush = [j for j in (getattr(meta, "jobs_to_flush", None) or ()) if j in self.in_flight]
         if flush:
             self.stats["flushes"] += 1
             self.finish(flush)
+        self.finish(sync)
 
     def _start(self, job_id: int, kind: str, req_id: str) -> None:
         if job_id in self.in_flight or job_id in self.reported or job_id in self.done:
@@ -56,6 +62,13 @@ class FakeWorker:
         for job in jobs:
             if job in self.in_flight and job not in self.done:
                 self.done.append(job)
+
+    def fail(self, jobs: Iterable[int]) -> None:
+        """Store jobs complete with their copy failed (where the release can say so)."""
+        jobs = [j for j in jobs if self.in_flight.get(j, ("",))[0] == "store"]
+        self.failed.update(jobs)
+        self.stats["failed stores"] += len(jobs)
+        self.finish(jobs)
 
     def jobs(self, kind: str | None = None) -> list[int]:
         """In-flight jobs not completed yet, oldest first."""
@@ -96,7 +109,11 @@ class FakeWorker:
         for job in self.done:
             kind, req_id = self.in_flight.pop(job)
             self.started.pop(job, None)
-            meta.mark_completed(job)
+            if job in self.failed:
+                self.failed.discard(job)
+                meta.mark_completed(job, success=False)
+            else:
+                meta.mark_completed(job)
             self.reported.add(job)
             if kind == "load":
                 recving.add(req_id)
@@ -109,3 +126,15 @@ class FakeWorker:
             kv_connector_worker_meta=meta if meta.completed_jobs else None,
         )
         return output, stores
+
+
+def _reports_failures() -> bool:
+    """Whether the release's worker metadata reports a job whose copy failed."""
+    import inspect
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
+        OffloadingWorkerMetadata,
+    )
+
+    mark = getattr(OffloadingWorkerMetadata, "mark_completed", None)
+    return mark is not None and "success" in inspect.signature(mark).parameters

@@ -18,8 +18,9 @@ from .checks import Checks
 from .configs import Setup
 
 # Known-bad connectors planted at the front: a store job completed twice, a completion dropped,
-# the manager's removal events lost (the request-level checks of checks.py catch them).
-FRONT_FAULTS = ("double_complete", "drop_complete", "drop_removals")
+# the manager's removal events lost (the request-level checks of checks.py catch them), a
+# failed store's chunks published as stored (the bytes worker's ready check catches it).
+FRONT_FAULTS = ("double_complete", "drop_complete", "drop_removals", "store_failure_ignored")
 
 # ---------------------------------------------------------------------------- the front
 _NOT_ASKED = object()  # the adapter's raw answer before a call reaches the manager
@@ -121,6 +122,8 @@ class Front:
 
     def complete_store(self, keys, req_context=None, success: bool = True):
         keys = list(keys)
+        if self.fault == "store_failure_ignored":
+            success = True
         if self.fault == "drop_complete" and not self._faulted:
             self._faulted = True
             return None

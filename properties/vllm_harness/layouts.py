@@ -177,3 +177,12 @@ def available() -> tuple[Layout, ...]:
     if "is_eagle_group" in groups and "is_eagle_group" in getattr(group, "_fields", ()):
         layouts.append(Layout((None, None), eagle=1))
     return tuple(layouts)
+
+
+def sync_loads() -> bool:
+    """Whether the connector loads within a step up to a byte budget
+    (``sync_load_budget_bytes`` in its extra config)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+
+    config = getattr(scheduler, "SchedulerOffloadConfig", None)
+    return "sync_load_budget_bytes" in getattr(config, "_fields", ())

@@ -8,14 +8,19 @@ and the target manager behind it, every manager call checked by the lockstep ora
   block contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
   ``tail`` tokens of a last, partial block; it generates ``max_tokens`` tokens and loads at most
   ``max_load`` tokens from the CPU tier (``None``: no cap; the connector's
-  ``max_load_tokens``);
+  ``max_load_tokens``); ``repeat=n`` puts the blocks of the ``n``-th latest request's prompt
+  first (up to 6 blocks in all), so that requests meet prefixes the CPU tier holds;
 - ``step(n)``: ``n`` engine-core steps (schedule, run, update; async keeps two batches);
 - ``deliver(mask)``: the in-flight store and load jobs picked by ``mask`` complete (they are
   reported in the next step's output); jobs not picked stay in flight;
+- ``fail_stores(mask)``: the in-flight store jobs picked by ``mask`` complete with their copy
+  failed (where the release's worker can report it): the chunks keep what they held;
 - ``abort(which)``: the client aborts a live request;
 - ``take_gpu`` / ``give_gpu``: every free GPU block is taken from the scheduler's pool, so the
   next step that needs a block preempts a running request (the preempted request later
   resumes and re-offers its chunks through the same context); then given back;
+- ``evict_gpu``: the same, given back at once: the GPU prefix cache forgets every block no
+  request holds (so later requests find their prefix in the CPU tier);
 - ``reset(running_too)``: the cache reset vLLM runs (``reset_prefix_cache`` with
   ``reset_connector=True``; ``running_too`` preempts the running requests first).
 
@@ -49,7 +54,7 @@ from ..search.rule_choice import install as install_rule_choice
 from ..targets import Target
 from .configs import BLOCK_SIZE, Setup, is_vllm_target, unavailable_reason
 from .engine import FAULTS, VllmEngine
-from .layouts import FULL_ATTENTION, available, offload_key
+from .layouts import FULL_ATTENTION, available, offload_key, sync_loads
 
 __all__ = [
     "DESCRIPTION",
@@ -64,6 +69,7 @@ POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tok
 TAIL_TOKEN = 5
 LETTERS: dict[tuple[int, ...], str] = {tokens: letter for letter, tokens in POOL.items()}
 MAX_LIVE = 4
+MAX_BLOCKS = 6  # blocks of a prompt that repeats an earlier one
 RESET_REFUSED = "Failed to reset KV cache even when all the running requests are preempted"
 
 NAME = "vllm-scheduler"
@@ -86,11 +92,16 @@ LABELS = {
     "preemption": lambda e: e.get("preemptions", 0) > 0,
     "eviction": lambda e: e.get("evictions", 0) > 0,
     "load": lambda e: e.get("loads", 0) > 0,
+    "CPU hit": lambda e: e.get("servable hits", 0) > 0,
+    "lookup deferred": lambda e: e.get("deferred lookups timed", 0) > 0,
     "load capped by max_load_tokens": lambda e: e.get("capped hits", 0) > 0,
     "stale completion dropped": lambda e: e.get("stale completions", 0) > 0,
     "flush": lambda e: e.get("flushes", 0) > 0,
     "reset": lambda e: e["rule"] == "reset",
     "abort": lambda e: e["rule"] == "abort",
+    "failed store": lambda e: e.get("failed stores", 0) > 0,
+    "sync load": lambda e: e.get("sync loads", 0) > 0,
+    "store event payload": lambda e: e.get("event payloads", 0) > 0,
     "async batch overlap": lambda e: e.get("overlapped", 0) > 0,
 }
 # Labels a passing ci run must hit; the others are reported when they fire.
@@ -123,12 +134,14 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
     lockstep: bool = True
     LABELS = LABELS
     RULE_WEIGHTS = {
-        "step": 4,
-        "add_request": 3,
-        "deliver": 3,
+        "step": 8,
+        "add_request": 6,
+        "deliver": 6,
         "abort": 1,
         "take_gpu": 1,
-        "give_gpu": 1,
+        "give_gpu": 2,
+        "evict_gpu": 3,
+        "fail_stores": 1,
         "reset": 1,
     }
     SWARM_ALWAYS = ("step", "add_request", "deliver")
@@ -143,6 +156,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self.history: list[dict] = []
         self.names: dict[bytes, str] = {}
         self.live: list[str] = []
+        self.prompts: list[str] = []  # each request's blocks, in the order added
         self.held: list = []
         self.next_id = 0
         install_rule_choice(self)
@@ -160,6 +174,8 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         prompt_only,
         kv_events,
         layout=FULL_ATTENTION,
+        sync_load=0,
+        self_describing=False,
     ):
         """The set-up rule (``make_machine`` declares it, with its strategies)."""
         self.setup_ = Setup(
@@ -173,15 +189,18 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             offload_prompt_only=prompt_only,
             kv_events=kv_events,
             layout=layout,
+            sync_load_budget=sync_load,
+            self_describing=self_describing and kv_events,
         )
-        self.engine = VllmEngine(
-            self.setup_,
-            type(self).target,
-            fault=type(self).fault,
-            lockstep=type(self).lockstep,
-            key_name=self._name,
-            log=self.history,
-        )
+        with vllm_raises("building the scheduler and its connector"):
+            self.engine = VllmEngine(
+                self.setup_,
+                type(self).target,
+                fault=type(self).fault,
+                lockstep=type(self).lockstep,
+                key_name=self._name,
+                log=self.history,
+            )
         self.engine.checks.is_finished = self._finished
         self.engine.describe = _prefix_name
         self.engine.engine_clock = False  # a divergence names the machine's step
@@ -227,11 +246,15 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         tail=st.integers(0, 1),
         max_tokens=st.integers(1, 4),
         max_load=st.sampled_from([None, None, None, 0, 2, 4]),
+        repeat=st.sampled_from([0, 0, 1, 2]),
     )
-    def add_request(self, blocks, tail, max_tokens, max_load=None):
+    def add_request(self, blocks, tail, max_tokens, max_load=None, repeat=0):
         self._next_rule()
         self.next_id += 1
         req_id = f"r{self.next_id}"
+        if repeat and len(self.prompts) >= repeat:  # an earlier prompt's blocks come first
+            blocks = (self.prompts[-repeat] + blocks)[:MAX_BLOCKS]
+        self.prompts.append(blocks)
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
         with vllm_raises("add_request", self.engine.checks):
             self.engine.add_request(req_id, tokens, max_tokens, max_load)
@@ -260,6 +283,22 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self.engine.worker.finish(picked)
         self._record("deliver")
 
+    @precondition(
+        lambda self: (
+            self.engine is not None
+            and self.engine.worker.can_fail
+            and self.engine.worker.jobs("store")
+        )
+    )
+    @rule(mask=st.integers(1, 15))
+    def fail_stores(self, mask):
+        """The in-flight store jobs picked by ``mask`` complete with their copy failed."""
+        self._next_rule()
+        jobs = self.engine.worker.jobs("store")
+        picked = [j for i, j in enumerate(jobs) if mask >> (i % 4) & 1] or jobs[:1]
+        self.engine.worker.fail(picked)
+        self._record("fail_stores")
+
     @precondition(lambda self: self.engine is not None and self._live())
     @rule(which=st.integers(0, 3))
     def abort(self, which):
@@ -285,6 +324,16 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             self.engine.release_gpu_blocks(self.held)
         self.held = []
         self._record("give_gpu")
+
+    @precondition(lambda self: self.engine is not None and not self.held)
+    @rule()
+    def evict_gpu(self):
+        """Other traffic takes every free GPU block and gives it back: the GPU prefix cache
+        forgets every block no request holds, so a request can hit the CPU tier."""
+        self._next_rule()
+        with vllm_raises("evicting the GPU prefix cache", self.engine.checks):
+            self.engine.release_gpu_blocks(self.engine.hold_gpu_blocks())
+        self._record("evict_gpu")
 
     @precondition(lambda self: self.engine is not None)
     @rule(running_too=st.booleans())
@@ -418,7 +467,7 @@ def _block_name(tokens: tuple[int, ...]) -> str:
 
 # The set-up rule's strategies; ``kv_events`` is drawn unless ``make_machine`` fixes it.
 SETUP: dict[str, st.SearchStrategy[Any]] = dict(
-    num_chunks=st.integers(1, 4),
+    num_chunks=st.integers(1, 8),
     threshold=st.sampled_from([2, 2, 3, 1, 0]),
     tracker=st.sampled_from([64_000, 2, 1, 4]),
     policy=st.sampled_from(["lru", "arc"]),
@@ -464,10 +513,14 @@ def make_machine(
     events = st.booleans() if kv_events is None else st.just(kv_events)
     # the release's layouts (full attention first: what a counterexample shrinks to)
     layouts = st.sampled_from(available())
+    # a step's budget for synchronous loads, where the connector has one (0: none)
+    sync = st.sampled_from([0, 0, 1 << 30]) if sync_loads() else st.just(0)
 
     class Machine(VllmSchedulerMachine):
         # SETUP names no ``target`` or ``targets``, which mypy cannot see in a dict
-        @initialize(**SETUP, kv_events=events, layout=layouts)  # type: ignore[call-overload]
+        @initialize(  # type: ignore[call-overload]
+            **SETUP, kv_events=events, layout=layouts, sync_load=sync, self_describing=st.booleans()
+        )
         def setup(self, **drawn):
             self._configure(**drawn)
 
