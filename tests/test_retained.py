@@ -147,7 +147,7 @@ def test_the_long_runs_move_no_example():
     machine's examples, steps and labels are those of a run without them."""
     with_repeats = run_machine(make_machine(resolve_target("impl")), "ci", max_examples=150)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ManagerMachine, "_long_run", lambda self, keys: 0)
+        patch.setattr(ManagerMachine, "_long_run", lambda self, kind, keys: 0)
         without = run_machine(make_machine(resolve_target("impl")), "ci", max_examples=150)
     assert with_repeats.passed and without.passed
     assert (with_repeats.examples, with_repeats.steps) == (without.examples, without.steps)
