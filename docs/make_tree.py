@@ -11,6 +11,7 @@ module without a docstring is listed as such, which tests/test_layout.py refuses
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -23,8 +24,7 @@ INTRO = {
     "model": "the rule, short and obviously right",
     "impl": "the system under test: the manager, its policies, the PyTorch copy worker, a "
     "scheduler driver",
-    "properties": "what is checked and how: the lockstep oracle, the machines, targets, "
-    "catalogues",
+    "properties": "what is checked and how: the lockstep oracle, the machines, targets, catalogues",
     "kvgate": "the tool: the `kvgate` command, its pytest plugin, replay",
     "bench": "what `python -m bench` measures (docs/benchmarks.md)",
     "tests": "the test suite (README's test command)",
@@ -73,7 +73,17 @@ def page() -> str:
             current = top
             lines += ["", f"## {top}/ — {INTRO[top]}", ""]
         lines.append(f"- `{path.as_posix()}`: {first_sentence(path)}")
-    return "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+    text = "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
+    return _cite().rewrite_file("docs/tree.md", text)[0]  # spec citations as links
+
+
+def _cite():
+    """docs/cite.py, the one writer of the spec's citation form."""
+    spec = importlib.util.spec_from_file_location("cite", ROOT / "docs" / "cite.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":
