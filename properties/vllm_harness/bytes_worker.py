@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .checks import Checks
-from .fake_worker import FakeWorker
+from .fake_worker import FakeWorker, extents, group_spans
 from .layouts import FULL_ATTENTION, Layout, key_group
 
 BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk", "load_one_group")
@@ -427,21 +427,6 @@ class BytesWorker(FakeWorker):
                     f"chunk {chunk} is ready as {self.checks.name(key)} but holds {self._what(bad)}"
                 )
                 return
-
-
-def group_spans(gpu_spec: Any) -> tuple[list[int], list[int]]:
-    """A GPU spec's blocks per group and each group's first block index (one group where the
-    spec names none)."""
-    ids = getattr(gpu_spec, "block_ids", ())
-    sizes = [int(n) for n in (getattr(gpu_spec, "group_sizes", None) or [len(ids)])]
-    firsts = [int(i) for i in (getattr(gpu_spec, "block_indices", None) or [0] * len(sizes))]
-    return sizes, firsts
-
-
-def extents(sizes: list[int], firsts: list[int], blocks_per_chunk: int) -> list[int]:
-    """The chunk blocks each group's blocks reach, from its first chunk's start (the blocks a
-    release left out before its first block count: its chunks are whole from there)."""
-    return [first % blocks_per_chunk + size if size else 0 for size, first in zip(sizes, firsts)]
 
 
 class _WithoutFlush:

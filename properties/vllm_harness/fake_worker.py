@@ -30,8 +30,6 @@ class FakeWorker:
         """One step's connector metadata, as the worker gets it before the forward pass."""
         if meta is None:
             return
-        from .bytes_worker import extents, group_spans
-
         for job_id, job in (getattr(meta, "store_jobs", None) or {}).items():
             sizes, firsts = group_spans(job.src_spec)
             reach = sum(extents(sizes, firsts, self.blocks_per_chunk))
@@ -126,6 +124,21 @@ class FakeWorker:
             kv_connector_worker_meta=meta if meta.completed_jobs else None,
         )
         return output, stores
+
+
+def group_spans(gpu_spec: Any) -> tuple[list[int], list[int]]:
+    """A GPU spec's blocks per group and each group's first block index (one group where the
+    spec names none)."""
+    ids = getattr(gpu_spec, "block_ids", ())
+    sizes = [int(n) for n in (getattr(gpu_spec, "group_sizes", None) or [len(ids)])]
+    firsts = [int(i) for i in (getattr(gpu_spec, "block_indices", None) or [0] * len(sizes))]
+    return sizes, firsts
+
+
+def extents(sizes: list[int], firsts: list[int], blocks_per_chunk: int) -> list[int]:
+    """The chunk blocks each group's blocks reach, from its first chunk's start (the blocks a
+    release left out before its first block count: its chunks are whole from there)."""
+    return [first % blocks_per_chunk + size if size else 0 for size, first in zip(sizes, firsts)]
 
 
 def _reports_failures() -> bool:

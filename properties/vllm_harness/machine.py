@@ -141,7 +141,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         "take_gpu": 1,
         "give_gpu": 2,
         "evict_gpu": 3,
-        "fail_stores": 1,
+        "fail_stores": 2,
         "reset": 1,
     }
     SWARM_ALWAYS = ("step", "add_request", "deliver")
