@@ -536,7 +536,9 @@ def main(argv=None) -> int:
     results = load_results()
     if args.run:
         for name in names:
-            results[name] = run(SUITES[name], args.max_children)
+            done = run(SUITES[name], args.max_children)
+            # read again: another suite's run may have written its results meanwhile
+            results = {**load_results(), name: done}
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     if args.run or args.report:
