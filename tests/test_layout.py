@@ -274,3 +274,18 @@ def test_the_python_floor_is_one_the_tree_runs_on():
     assert sys.version_info[:2] >= (major, minor)
     if os.environ.get("CI"):
         assert sys.version_info[:2] == (major, minor), "CI must run on the floor it claims"
+
+
+def test_every_module_says_what_it_holds_and_the_tree_page_is_current():
+    """Each module's docstring opens with what it holds (docs/tree.md is made of those first
+    sentences, by docs/make_tree.py); the page lists exactly the tracked modules."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_tree", ROOT / "docs" / "make_tree.py")
+    assert spec is not None and spec.loader is not None
+    make_tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_tree)
+    bare = [str(p) for p in make_tree.modules() if make_tree.first_sentence(p) == "(no docstring)"]
+    assert not bare, f"modules without a docstring: {bare}"
+    page = (ROOT / "docs" / "tree.md").read_text()
+    assert page == make_tree.page(), "docs/tree.md is not current: run python docs/make_tree.py"
