@@ -65,6 +65,9 @@ FAULTS = {
     "lock_left_held": "the manager's lock is still held after the step's metadata was built",
     "window_last_token": "phantom hit: the connector reported",
     "drafter_unproven": "phantom hit: the connector reported",
+    "reset_lost": "and its manager heard reset_cache 0 time(s)",
+    "info_every_time": "the connector asked its manager's config_info 2 times",
+    "idle_with_jobs": "the scheduler went idle while the connector tracks job(s)",
     # self-describing KV events (properties/vllm_harness/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",
     # the connector's lookup metrics (properties/vllm_harness/lookup_metrics.py)

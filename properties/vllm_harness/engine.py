@@ -248,7 +248,10 @@ class VllmEngine:
         )
 
     def can_step(self) -> bool:
-        return bool(self.queue) or self.sched.has_requests()
+        if self.queue or self.sched.has_requests():
+            return True
+        self.exact.idle()
+        return False
 
     def step(self) -> None:
         """One engine-core step."""

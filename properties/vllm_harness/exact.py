@@ -7,7 +7,9 @@
   scheduler's ``max_num_new_tokens``, and 0 below one chunk (a deferral, ``None``, is not
   judged: the connector defers while the request has transfers in flight or a chunk it would
   load is being loaded); a request's ``max_load_tokens`` (its ``kv_transfer_params``) caps the
-  load at the last chunk boundary within that many tokens;
+  load at the last chunk boundary within that many tokens (with a sliding-window group, a
+  connector that also takes the window's last token off the capped length, as 0.33.0's does,
+  is accepted: a smaller hit, never wrong KV);
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
   is reset (a ``None`` leaves it to be offered again: a retry);
@@ -18,6 +20,12 @@
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
   runs, and each key at the position its chunk ends (where the release's context has these);
+- **reset passed on**: a reset of the connector's cache reaches the manager as exactly one
+  ``reset_cache``;
+- **never idle with work**: the scheduler goes idle (no request, no push work pending) only
+  when the connector tracks no transfer job (their completions come only from later steps);
+- **configuration once**: the tier's configuration (``config_info``) is asked of the manager
+  once, for the first stats payload (where the connector says it sends it once);
 - **metric exact**: the connector's own allocation-failure counter (which its stats carry to
   the scheduler after each update) adds up to the ``None`` answers of ``prepare_store``;
 - **the manager's lock**: every manager call of the connector comes inside the manager's lock,
@@ -36,7 +44,10 @@ manager), ``keep_finished`` (a finished request's state is never dropped),
 step's region of the manager's lock is never closed), ``window_last_token`` (a
 layout with a sliding-window group gets a hit up to the request's last token, which must be
 recomputed with its window), ``drafter_unproven`` (a drafter's (EAGLE) group is taken for
-a target group: hits its chunk past the hit does not prove).
+a target group: hits its chunk past the hit does not prove), ``reset_lost`` (a cache reset
+never reaches the manager), ``info_every_time`` (the tier's configuration asked of the manager
+for every stats payload), ``idle_with_jobs`` (the connector never says it has work pending:
+the engine goes idle with jobs in flight).
 """
 
 from __future__ import annotations
@@ -57,6 +68,9 @@ EXACT_FAULTS = (
     "lock_left_held",
     "window_last_token",
     "drafter_unproven",
+    "reset_lost",
+    "info_every_time",
+    "idle_with_jobs",
 )
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
@@ -81,6 +95,7 @@ class ExactChecks:
         self.accepted: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys
         self.announced: set[str] = set()  # requests the manager heard of
         self.failures_reported = 0  # the connector's allocation-failure metric, summed
+        self.conservative: int | None = None  # the hit of a capped window's other reading
         self.offers: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys offered
         self.loads: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys loaded
         self.in_reset = False
@@ -109,12 +124,24 @@ class ExactChecks:
 
         def reset_cache_watched(*args, **kwargs):
             self.in_reset = True
+            told = self.engine.front.calls["reset_cache"]
             try:
-                return reset_cache(*args, **kwargs)
+                out = reset_cache(*args, **kwargs)
             finally:
                 self.in_reset = False
+            if self.engine.front.calls["reset_cache"] != told + 1:
+                self.checks.fail(
+                    "the connector's cache was reset (reset_prefix_cache with "
+                    f"reset_connector=True) and its manager heard reset_cache "
+                    f"{self.engine.front.calls['reset_cache'] - told} time(s)"
+                )
+            return out
 
         conn.reset_cache = reset_cache_watched
+        if self.fault == "idle_with_jobs" and hasattr(conn, "has_pending_push_work"):
+            conn.has_pending_push_work = lambda: False
+        if self.fault == "reset_lost" and hasattr(conn, "_reset_cache"):
+            conn._reset_cache = lambda: None
         if self.fault == "reoffer" and hasattr(conn, "_req_status"):
             build = conn._build_store_jobs
 
@@ -130,7 +157,15 @@ class ExactChecks:
         if get_stats is not None:
 
             def counted_get_stats():
+                if self.fault == "info_every_time" and hasattr(conn, "_info_sent"):
+                    conn._info_sent = False
                 stats = get_stats()
+                asked = self.engine.front.calls["config_info"]
+                if hasattr(conn, "_info_sent") and asked > 1:
+                    self.checks.fail(
+                        f"the connector asked its manager's config_info {asked} times; the "
+                        "tier's configuration rides on the first stats payload only"
+                    )
                 reduce = getattr(stats, "reduce", None)
                 if reduce is not None:
                     n = sum(v for k, v in reduce().items() if k.startswith(ALLOCATION_FAILURE))
@@ -217,6 +252,15 @@ class ExactChecks:
         hit = longest(end if capped is None else capped)
         if capped is not None and capped < end and longest(end) > hit:
             self.stats["capped hits"] += 1
+        self.conservative = None
+        if capped is not None and layout.sliding:
+            # A connector may take the token a window needs off the capped length as well
+            # (0.33.0's does): one token less before the chunk boundary, never wrong KV.
+            low = min(request.num_tokens, num_computed + cap)
+            if max_num_new_tokens is not None:
+                low = min(low, num_computed + max_num_new_tokens)
+            low = min(low - 1, len(keys[0]) * tokens)
+            self.conservative = longest(low - low % tokens)
         return hit
 
     def _judge_hit(self, request, num_computed, hit, want) -> None:
@@ -224,6 +268,9 @@ class ExactChecks:
             self.stats["deferred lookups"] += 1
             return
         self.stats["hits judged"] += 1
+        if hit != want and hit == self.conservative:
+            self.stats["capped window hits a token short"] += 1
+            return
         if want:
             self.stats["servable hits"] += 1
         if hit != want:
@@ -383,6 +430,17 @@ class ExactChecks:
     def lock_free(self, held: int, when: str) -> None:
         if held and hasattr(self.conn, "_acquire_step"):
             self.checks.fail(f"the manager's lock is still held {when}")
+
+    # ------------------------------------------------------------------ idle
+    def idle(self) -> None:
+        """The scheduler says it has nothing to do: the connector must be waiting on no job
+        (where it says when the engine must keep stepping)."""
+        jobs = getattr(self.conn, "_jobs", None)
+        if jobs and hasattr(self.conn, "has_pending_push_work"):
+            self.checks.fail(
+                f"the scheduler went idle while the connector tracks job(s) {sorted(jobs)} in "
+                "flight: no later step hears them complete"
+            )
 
     # ------------------------------------------------------------------ state left behind
     def after_schedule(self, in_flight: set[int]) -> None:
