@@ -185,11 +185,10 @@ class OffloadingManager:
     def _access(
         self, rec: RequestRecord, keys: Sequence[bytes], reused: Sequence[bytes], ctx: ReqContext
     ) -> None:
-        """Spec R1, R2: what the request saw (new keys shown to the policy) and reused."""
+        """Spec R1, R2: what the request saw (new keys shown to the policy) and reused. Its
+        callers have refused a recording that would show a finished request a new key (R3)."""
         new = [key for key in keys if key not in rec.seen]
         if new:
-            if rec.committed:
-                raise OffloadProtocolError(f"a finished request shows new key {new[0]!r}")
             rec.seen.update(dict.fromkeys(new))
             self._policy.first_sight(new, rec, _positions(ctx))
         rec.reused.update(self._reuses(rec, reused))

@@ -13,7 +13,7 @@ POLICIES: dict[str, dict[str, type[CachePolicy]]] = {
 }
 
 
-def make_policy(name: str, capacity: int, recency: str = "touch") -> CachePolicy:
+def make_policy(name: str, capacity: int, recency: str) -> CachePolicy:
     try:
         by_recency = POLICIES[name]
     except (KeyError, TypeError):
