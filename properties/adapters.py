@@ -256,7 +256,9 @@ class NativeAdapter(Adapter):
         )
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
-        self._call("complete_store", list(keys), ctx, success=success)
+        # a success as a caller writes it: the interface's default (spec section 2)
+        extra = {} if success else {"success": False}
+        self._call("complete_store", list(keys), ctx, **extra)
 
     def reset_cache(self) -> None:
         self._call("reset_cache")

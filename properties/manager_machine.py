@@ -156,6 +156,7 @@ BAD_CONFIGS = (
     ("max_tracker_size", 0),
     ("cache_policy", "nope"),
 )
+BAD_RECENCY = (("recency", "sideways"),)  # only for a factory that is told the recency
 LARGE_TRACKER = 64_000
 
 
@@ -386,11 +387,12 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         """A kvgate-interface target keeps the configuration it was given and refuses a bad
         configuration (as the model does) with an error that names it (spec section 8)."""
         t = self.oracles[0].target.manager
-        for attr in ("store_threshold", "cache_policy"):
+        told = ("recency",) if self.TARGET.takes_recency else ()  # what its factory is given
+        for attr in ("store_threshold", "cache_policy", *told):
             got, want = getattr(t, attr, getattr(config, attr)), getattr(config, attr)
             assert got == want, f"target's {attr} is {got!r}, built with {want!r}"
         good = dict(config.__dict__, num_chunks=1)
-        for name, value in BAD_CONFIGS:
+        for name, value in BAD_CONFIGS + tuple((n, v) for n, v in BAD_RECENCY if n in told):
             bad = Config(**{**good, name: value})
             try:
                 model_for(bad)
@@ -919,6 +921,12 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         if kind == "prepare_load" and model.lookup(key) != "HIT":
             keys = [KEYS[n] for n in good if model.lookup(KEYS[n]) == "HIT"] + [key]
             oracle.refuse("prepare_load", (keys,), lambda: target.prepare_load(keys, req.ctx), key)
+            if "get_load_source" not in self.TARGET.missing:  # asked of a key that is no hit
+                oracle.refuse(
+                    "get_load_source", (key,), lambda: target.get_load_source(key, req.ctx), key
+                )
+            if model.request:
+                self._misuse_after_finish(keys[:-1])
         elif kind == "complete_load" and model.resident.get(key, {"ref": 0})["ref"] <= 0:
             oracle.refuse(
                 "complete_load", ([key],), lambda: target.complete_load([key], req.ctx), key
@@ -938,10 +946,58 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
                 (keys, "not-a-context"),
                 lambda: target.prepare_store(keys, "not-a-context"),
                 "not-a-context",
+                call="prepare_store",
             )
+            if model.request:
+                self._misuse_under_request(keys)
         else:
             refused = False
         self.record("bad_input", kind=kind, refused=refused)
+
+    def _misuse_under_request(self, keys: list[bytes]) -> None:
+        """Request-scoped misuse (spec section 8): a load, which records its keys, given no
+        request context; the finish of a request never opened (R3: no record, it does
+        nothing); misuse through a finished request."""
+        oracle, model, target = self.oracle, self.model, self.oracle.target
+        ready = [k for k in keys if model.lookup(k) == "HIT"]
+        oracle.refuse(
+            "prepare_load",
+            (ready, "not-a-context"),
+            lambda: target.prepare_load(ready, "not-a-context"),
+            "not-a-context",
+            call="prepare_load",
+        )
+        stray = oracle.new_context("stray")  # R3: no record, no commit
+        self.handles.name(stray, "stray")
+        oracle.on_request_finished(stray)
+        self._misuse_after_finish(keys)
+
+    def _misuse_after_finish(self, keys: list[bytes]) -> None:
+        """Through a request that has finished (its record of this manager and generation
+        committed, spec R3): an offer of ``keys``, and a load of ready keys it never saw, must
+        be refused naming its context (spec section 8)."""
+        oracle, model, target = self.oracle, self.model, self.oracle.target
+        done = [
+            (req.ctx, rec)
+            for req in self._finished_held()
+            if (rec := model.slots.get(oracle.handle(req.ctx))) is not None
+            and rec.owner is model
+            and rec.generation == model.generation
+            and rec.committed
+        ]
+        if not done:
+            return
+        ctx, rec = done[0]
+        oracle.refuse("prepare_store", (keys, ctx), lambda: target.prepare_store(keys, ctx), ctx)
+        unseen = [k for k in model.resident if model.lookup(k) == "HIT" and k not in rec.seen]
+        if unseen:
+            oracle.refuse("prepare_load", (unseen,), lambda: target.prepare_load(unseen, ctx), ctx)
+
+    def _finished_held(self) -> list[Req]:
+        """Finished requests whose context is still held (a store or load of theirs is in
+        flight), in the order they were made."""
+        reqs = {id(job.req): job.req for job in self.in_flight}.values()
+        return sorted((r for r in reqs if r.finished and r.ctx is not None), key=lambda r: r.n)
 
     # --- the invariant: the oracle's check of what the step changed ---
 

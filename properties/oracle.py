@@ -34,6 +34,7 @@ reach the model through the adapter, read from the context the target was given.
 from __future__ import annotations
 
 import math
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -736,9 +737,12 @@ class LockstepManager:
             )
 
     # --- bad input: a clear error, and nothing changes
-    def refuse(self, name: str, args: tuple, fn: Callable[[], Any], key: Any) -> None:
-        """``fn`` (a call the model refuses) must raise an error that names ``key`` and leave
-        the target's state as it was (exact targets only: an adapter cannot show it all)."""
+    def refuse(
+        self, name: str, args: tuple, fn: Callable[[], Any], key: Any, call: str | None = None
+    ) -> None:
+        """``fn`` (a call the model refuses) must raise an error that names ``key`` (and
+        ``call``, the call refused, where given) and leave the target's state as it was (exact
+        targets only: an adapter cannot show it all)."""
         self._call(name, *args)
         what = self.text.call(name, args)
         keys = list(self.model.resident) + [k for k, _ in self.model.tracker]
@@ -750,6 +754,10 @@ class LockstepManager:
             if repr(key) not in text and str(self.key_name(key)) not in text:
                 raise self.diverge(
                     what, f"an error that does not name the key: {exc}", "an error naming the key"
+                ) from None
+            if call is not None and not re.search(rf"\b{call}\b", text):
+                raise self.diverge(
+                    what, f"an error that does not name the call: {exc}", f"an error naming {call}"
                 ) from None
         else:
             raise self.diverge(what, "accepted", "refused")

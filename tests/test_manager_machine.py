@@ -12,6 +12,8 @@ import re
 
 import pytest
 
+from kvgate.impl.manager import OffloadingManager
+from kvgate.properties.adapters import POLICIES, RECENCIES, Target
 from kvgate.properties.catalogue.managers import MUTANTS
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.runner import run_machine
@@ -115,3 +117,36 @@ def test_foreign_target_that_counts_every_offer_is_told_its_admission_differs():
     assert "(admitted keys differ)" in result.message, result.message
     assert "target answered: store ['A']" in result.message, result.message
     assert "model answered:  store []" in result.message, result.message
+
+
+class _RecencyFallsBack(OffloadingManager):
+    """An unknown recency is taken as touch-based instead of refused."""
+
+    def __init__(self, num_chunks, *, recency="touch", **kwargs):
+        super().__init__(
+            num_chunks, recency="touch" if recency not in RECENCIES else recency, **kwargs
+        )
+
+
+class _RecencyNotKept(OffloadingManager):
+    """The recency it was built with is not the one it reports."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recency = None
+
+
+@pytest.mark.parametrize(
+    "cls,said",
+    [
+        (_RecencyFallsBack, "the target accepts recency='sideways'"),
+        (_RecencyNotKept, "target's recency is None"),
+    ],
+)
+def test_a_target_told_the_recency_refuses_a_bad_one_and_keeps_a_good_one(cls, said):
+    """Spec section 8: a target whose factory takes ``recency`` refuses an unknown one, naming
+    it, and keeps the one it was built with (the construction check at each example's start)."""
+    target = Target("test", cls, POLICIES, recencies=RECENCIES, takes_recency=True)
+    result = run_machine(make_machine(target), PROFILE, max_examples=5)
+    assert not result.passed
+    assert said in result.message, result.message

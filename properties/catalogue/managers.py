@@ -12,6 +12,7 @@ import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from kvgate.impl.base import HOST
 from kvgate.impl.manager import PENDING, OffloadingManager, RequestRecord
 from kvgate.impl.policies import ARCPolicy, CachePolicy, RankedLRUPolicy, RequestARCPolicy
 from kvgate.impl.pool import ChunkPool
@@ -679,6 +680,44 @@ class LoadSourceDevice(OffloadingManager):
         return "device"
 
 
+class LoadSourceForAMiss(OffloadingManager):
+    """``get_load_source`` answers the host tier for any key, a miss or a pending one too,
+    instead of refusing a key that is not a hit (spec section 8)."""
+
+    def get_load_source(self, key, ctx=None):
+        return HOST
+
+
+class ContextErrorUnnamed(OffloadingManager):
+    """A call given something that is not a request context says what it got but not which
+    call needed the context (spec section 8)."""
+
+    @staticmethod
+    def _context(ctx, call):
+        if not callable(getattr(ctx, "get_state", None)):
+            raise TypeError(f"a request context is needed, got {ctx!r}")
+        return ctx
+
+
+class StoreDefaultsToFailure(OffloadingManager):
+    """``complete_store`` without ``success`` takes the store as failed: the interface's default
+    is a success (spec section 2)."""
+
+    def complete_store(self, keys, ctx=None, success=False):
+        super().complete_store(keys, ctx, success=success)
+
+
+class FinishForgetsRequest(OffloadingManager):
+    """Request-scoped: a finished request's record is replaced by a fresh one after its
+    commit, so the finished request may offer and load again, and a second finish commits
+    again (spec R3, section 8)."""
+
+    def on_request_finished(self, ctx):
+        super().on_request_finished(ctx)
+        if self._request_scoped:
+            ctx.set_state(RequestRecord(self._token, self.generation))
+
+
 class PendingWorkWhileStoring(OffloadingManager):
     """``has_pending_work`` answers ``True`` while stores are in flight, so an engine keeps
     stepping for work the scheduler owns, not the manager."""
@@ -754,6 +793,10 @@ MUTANTS: dict[str, Mutant] = {
     "arc_fallback_evicts_pinned": Mutant(ArcFallbackEvictsPinned, policies=("arc",)),
     "victim_chunks_released_reversed": Mutant(VictimChunksReleasedReversed),
     "load_pins_before_checking": Mutant(LoadPinsBeforeChecking),
+    "load_source_for_a_miss": Mutant(LoadSourceForAMiss),
+    "context_error_unnamed": Mutant(ContextErrorUnnamed),
+    "store_defaults_to_failure": Mutant(StoreDefaultsToFailure),
+    "finish_forgets_request": Mutant(FinishForgetsRequest, recencies=REQUEST),
     "arc_ghosts_untrimmed": Mutant(ArcGhostsUntrimmed, policies=("arc",)),
     # request-scoped recency (R1-R7)
     "commit_head_first": Mutant(CommitHeadFirst, recencies=REQUEST),
