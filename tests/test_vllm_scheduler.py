@@ -19,7 +19,13 @@ flushed store only when it is delivered (it copies a GPU block already handed to
 request) and on one whose loads read the wrong chunk; the exact checks of the connector's
 scheduler side on a connector that reports a chunk more than the tier holds, one whose
 stored-chunk index never advances, one that never tells the manager of a new request, and one
-that never drops a finished request's state.
+that never drops a finished request's state; the layouts' checks (spec §7.2) on a worker that
+loads only the first KV-cache group, a connector that lets a sliding window's hit reach the last
+token, one that takes a drafter's (EAGLE) group for a target group, one that publishes a failed
+store, one whose store events describe the wrong tokens, one that drops the lookup-deferral
+histogram, loses a reset, asks the tier's configuration every time, or goes idle with jobs in
+flight. A defect of 0.34.0 these checks found is reproduced on its own (a reset that leaves a
+request running makes it store blocks its sliding window freed).
 """
 
 from __future__ import annotations
