@@ -119,7 +119,10 @@ def _steps_test(f: Failure, name: str) -> list[str]:
     ]
     if f.machine == "manager":
         build = [
-            "    from kvgate.properties.manager_machine import make_machine",
+            "    from kvgate.properties.manager_machine import (  # noqa: F401 - a printed step",
+            "        OFFERS,  # may name the table of offers: list(OFFERS[672])",
+            "        make_machine,",
+            "    )",
             "",
             f"    {f.class_name} = make_machine(_target({f.spec!r}))",
         ]

@@ -450,15 +450,25 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         """The request contexts the scheduler still holds: live requests, and finished ones
         with a job in flight (spec §1)."""
         held = {id(req): req for req in self.live}
-        for bundle in self.bundles.values():
-            for item in bundle:
-                req = getattr(item, "req", item)
-                if isinstance(req, Req) and req.ctx is not None:
-                    held[id(req)] = req
+        for req in self._bundled_requests():
+            if req.ctx is not None:
+                held[id(req)] = req
         for job in self.in_flight:
             if job.req.ctx is not None:
                 held[id(job.req)] = job.req
         return [req.ctx for req in held.values()]
+
+    def _bundled_requests(self) -> list[Req]:
+        """The requests the bundles still hold, directly or through a job (Hypothesis keeps a
+        reference by name in each bundle, the value in ``names_to_values``)."""
+        found = []
+        for bundle in self.bundles.values():
+            for ref in bundle:
+                item = self.names_to_values.get(getattr(ref, "name", ""), ref)
+                req = getattr(item, "req", item)
+                if isinstance(req, Req):
+                    found.append(req)
+        return found
 
     def _long_run(self, kind: str, keys: list) -> int:
         """How many times a step of ``kind`` repeats its calls of ``keys`` (spec §4.8): at the
@@ -502,11 +512,8 @@ class ManagerMachine(Recorded, RuleBasedStateMachine):
         replay would then reuse a dead context's memory differently (a flaky failure)."""
         for req in self.live:
             req.ctx = None
-        for bundle in self.bundles.values():
-            for item in bundle:
-                held = getattr(item, "req", item)
-                if isinstance(held, Req):
-                    held.ctx = None
+        for req in self._bundled_requests():
+            req.ctx = None
         self.live.clear()
         self.in_flight.clear()
         self._dropped.clear()

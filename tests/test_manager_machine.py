@@ -13,6 +13,7 @@ import re
 import pytest
 
 from kvgate.impl.manager import OffloadingManager
+from kvgate.properties import manager_machine
 from kvgate.properties.adapters import POLICIES, RECENCIES, Target
 from kvgate.properties.catalogue.managers import MUTANTS
 from kvgate.properties.manager_machine import make_machine
@@ -68,6 +69,11 @@ def test_machine_passes_on_impl_as_a_foreign_target():
     assert "bad input refused" not in machine.expected_labels()  # an adapter cannot show it
 
 
+# What a replay file imports (kvgate's repro files: ``from ...manager_machine import *``): a
+# printed step may name the table of offers (``list(OFFERS[672])``).
+REPLAY_NAMES = {name: getattr(manager_machine, name) for name in manager_machine.__all__}
+
+
 def replays_outside_hypothesis(machine, result):
     """The shrunk program Hypothesis prints runs as plain Python and fails the same way, twice:
     a context's identity is reused the same way in every replay."""
@@ -75,7 +81,7 @@ def replays_outside_hypothesis(machine, result):
     assert program[0] == f"state = {machine.__name__}()", result.program
     for _ in range(2):
         with pytest.raises(type(result.error)) as caught:
-            exec("\n".join(program), {machine.__name__: machine})
+            exec("\n".join(program), {**REPLAY_NAMES, machine.__name__: machine})
         assert str(caught.value).splitlines()[0] == str(result.error).splitlines()[0]
         del caught  # its traceback holds the replay's contexts
 

@@ -151,4 +151,10 @@ def test_the_long_runs_move_no_example():
         without = run_machine(make_machine(resolve_target("impl")), "ci", max_examples=150)
     assert with_repeats.passed and without.passed
     assert (with_repeats.examples, with_repeats.steps) == (without.examples, without.steps)
-    assert with_repeats.labels == without.labels
+
+    # Whether a dropped context's identity is reused depends on the allocator (the repeats
+    # allocate), not on the draws: that one label is left out of the comparison.
+    def drawn(labels):
+        return {k: v for k, v in labels.items() if k != "context identity reused"}
+
+    assert drawn(with_repeats.labels) == drawn(without.labels)
