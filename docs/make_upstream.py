@@ -43,7 +43,14 @@ ARGUMENTS = {
     "amended). Putting only that right makes every property hold (below), checked exactly: "
     "evictions and their order, chunk ids, the policy's order, every metric and interface "
     "answer, through kvgate's machines and through vLLM's own scheduler; so this is the "
-    "release's only disagreement with the rule that the gate finds.",
+    "manager's only disagreement with the rule that the gate finds. The connector beside it "
+    "has one more, found by the bytes worker (spec [§7.2](spec.md#s7-2)) and shared with "
+    "0.33.0: a cache reset that leaves a request running sends that request's next chunk to "
+    "store back to 0, while the connector marks the block ids its sliding window freed as "
+    "stale only from that index on, so the request then stores its first chunks from blocks "
+    "that were handed to another request: the CPU tier holds other KV under their keys "
+    "(`docs/repro/vllm_window_reset_store.py` below). The vLLM scheduler machine draws no "
+    "such reset on a sliding-window layout, so that this defect does not hide the others.",
 }
 
 
