@@ -257,7 +257,8 @@ def _with_text(source: str, mutant: Mutant) -> Mutant:
 
 
 # --------------------------------------------------------------------------- running the suite
-# (python -m bench.connector_mutants VERSION [vllm|kvgate ...], JOBS=N for N at once;
+# (python -m bench.connector_mutants VERSION [vllm|kvgate ...], JOBS=N for N at once, RERUN=1
+# to run every mutant again;
 # python -m bench.connector_mutants --report rewrites docs/mutation.md's connector tables)
 
 
@@ -497,7 +498,8 @@ def run_suite(version: str, sides=("vllm", "kvgate"), jobs: int = 1, rerun: bool
             save()
             return m.name, rows[m.name][side]
 
-        todo = mutants
+        # the mutants without a kill yet first: what a shortened run most needs to say
+        todo = sorted(mutants, key=lambda m: bool((rows[m.name].get(side) or {}).get("killed")))
         if side == "kvgate" and os.environ.get("PAIRED") == "1":
             # only the mutants vLLM's tests have already run (a run cut short by the clock)
             other = RESULTS / f"connector-{version}-vllm.json"
@@ -620,4 +622,5 @@ if __name__ == "__main__":
         raise SystemExit(0)
     version, *which = sys.argv[1:]
     jobs = int(os.environ.get("JOBS", "1"))
-    run_suite(version, tuple(which) or ("vllm", "kvgate"), jobs)
+    # RERUN=1: every mutant again, the baseline too (a later tree of kvgate, or of the bench)
+    run_suite(version, tuple(which) or ("vllm", "kvgate"), jobs, os.environ.get("RERUN") == "1")
