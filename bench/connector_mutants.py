@@ -377,6 +377,7 @@ def run_kvgate(version: str, mutant: Path | None, timeout: int = TIMEOUT) -> dic
         }
     )
     args = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    args.append("--tb=short")  # the property broken, in the first ``E`` line
     cover: list[str] = []
     if mutant is None:  # the baseline: which lines of the connector the machine reaches
         data = BUILD / f"kvgate-{version}.coverage"
@@ -437,6 +438,10 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: int) -> dict:
         code, out = -1, f"timeout after {timeout} s"
     lines = [ln for ln in out.splitlines() if ln.strip()]
     failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    # what was raised, as the traceback's first ``E`` line says it (kvgate's: the property)
+    raised = [ln[1:].strip() for ln in lines if ln.startswith("E ") and "Error" in ln]
+    if failed and raised:
+        failed[0] = f"{failed[0].split('::')[-1]}: {raised[0]}"
     return {
         "exit": code,
         "killed": code != 0,
