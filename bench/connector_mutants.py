@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.report_page import write_cited
+
 MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
 SEED = 30  # issue 30
 
@@ -618,7 +620,7 @@ def write_report(versions=("0.34.0", "0.33.0")) -> None:
     body = "\n".join(
         markdown(v) for v in versions if (RESULTS / f"connector-{v}-vllm.json").exists()
     )
-    doc.write_text(f"{head}{REPORT_BEGIN}\n{body}{REPORT_END}{tail}")
+    write_cited(doc, f"{head}{REPORT_BEGIN}\n{body}{REPORT_END}{tail}")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # tests.vllm_releases, when run as a file
     sys.path.insert(0, str(ROOT))
 
+from bench.report_page import write_cited  # noqa: E402 - needs ROOT on the path
 from tests.vllm_releases import MENDED, envs_dir, releases  # noqa: E402 - needs ROOT on the path
 
 RESULTS = ROOT / "bench" / "results" / "mutation.json"
@@ -508,7 +509,7 @@ def write_report(results: dict[str, dict]) -> None:
     text = REPORT.read_text() if REPORT.exists() else f"# Mutation score\n\n{BEGIN}\n{END}\n"
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
-    REPORT.write_text(f"{head}{BEGIN}\n{markdown(results)}{END}{tail}")
+    write_cited(REPORT, f"{head}{BEGIN}\n{markdown(results)}{END}{tail}")
 
 
 def main(argv=None) -> int:
