@@ -25,8 +25,7 @@ from kvgate.properties.targets import resolve_target  # noqa: E402 - the mutant 
 from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402 - the mutant first
 from tests.mutation.test_vllm_machines import _without_back_to_back_resets  # noqa: E402 - the mutant first
 
-PROFILE = "ci"
-EXAMPLES = 200
+PROFILE = "ci"  # the default gate's budget (600 examples): the budget users run
 SPEC = os.environ.get("KVGATE_MUTATION_TARGET", "vllm")
 
 
@@ -44,5 +43,5 @@ def test_vllm_scheduler_machine_with_the_connector():
     machine = vllm_scheduler_machine.make_machine(resolve_target(SPEC))
     if vllm.__version__ == "0.33.0":
         machine = _without_back_to_back_resets(machine)
-    result = run_machine(machine, PROFILE, max_examples=EXAMPLES, phases=FIRST_FAILURE)
+    result = run_machine(machine, PROFILE, phases=FIRST_FAILURE)
     assert result.passed, result.message + "\n" + "\n".join(result.program)
