@@ -58,6 +58,10 @@ class Setup:
     layout: Layout = FULL_ATTENTION  # the model's KV-cache groups (layouts.py)
     sync_load_budget: int = 0  # bytes a step may load synchronously (0: every load async)
     self_describing: bool = False  # store events carry each chunk's tokens and parent
+    # prefix_cache_retention_interval (vLLM's cache config, copied into the KV-cache config as
+    # vLLM's planner does): 0 (vLLM's default) the latest replay boundary and shared-prefix
+    # junctions only, ``None`` densely, N every N tokens; left unset where a release lacks it
+    retention: int | None = 0
 
     @property
     def shape(self) -> Shape:
@@ -68,6 +72,7 @@ class Setup:
             self.max_model_len,
             self.async_scheduling,
             self.kv_events,
+            self.retention,
         )
 
 
@@ -83,6 +88,7 @@ class Shape:
     max_model_len: int = MAX_MODEL_LEN
     async_scheduling: bool = False
     kv_events: bool = True  # KVEventsConfig.enable_kv_cache_events (vLLM's default is off)
+    retention: int | None = 0  # CacheConfig.prefix_cache_retention_interval (Setup.retention)
 
 
 class _Configs:
@@ -175,7 +181,11 @@ class _Configs:
                 )
             config = self._vllm[shape] = VllmConfig(
                 model_config=model,
-                cache_config=CacheConfig(block_size=shape.block_size, enable_prefix_caching=True),
+                cache_config=CacheConfig(
+                    block_size=shape.block_size,
+                    enable_prefix_caching=True,
+                    **retention_kwargs(CacheConfig, shape.retention),
+                ),
                 scheduler_config=SchedulerConfig(
                     max_num_seqs=shape.max_seqs,
                     max_num_batched_tokens=shape.batched_tokens,
@@ -209,8 +219,17 @@ class _Configs:
             hasher = self._hashers[block_size] = get_request_block_hasher(block_size, hash_fn)
         return hasher
 
-    def kv_cache_config(self, gpu_blocks: int, block_size: int, layout: Layout = FULL_ATTENTION):
-        return layout.kv_cache_config(gpu_blocks, block_size)
+    def kv_cache_config(
+        self,
+        gpu_blocks: int,
+        block_size: int,
+        layout: Layout = FULL_ATTENTION,
+        retention: int | None = 0,
+    ):
+        config = layout.kv_cache_config(gpu_blocks, block_size)
+        if RETENTION in {f.name for f in dataclasses.fields(config)}:
+            setattr(config, RETENTION, retention)  # as vLLM's planner copies it from the cache
+        return config
 
     def chunk_bytes(
         self, shape: Shape, blocks_per_chunk: int, layout: Layout = FULL_ATTENTION
@@ -253,6 +272,26 @@ class _Configs:
         from vllm.v1.outputs import ModelRunnerOutput
 
         return frozenset(f.name for f in dataclasses.fields(ModelRunnerOutput))
+
+
+RETENTION = "prefix_cache_retention_interval"
+
+
+def retention_kwargs(cache_config_cls: Any, retention: int | None) -> dict[str, Any]:
+    """``CacheConfig``'s retention argument, where the release has the field."""
+    fields = getattr(cache_config_cls, "model_fields", None) or {
+        f.name: f for f in dataclasses.fields(cache_config_cls)
+    }
+    return {RETENTION: retention} if RETENTION in fields else {}
+
+
+def retentions() -> tuple[int | None, ...]:
+    """The retention intervals the machine draws: vLLM's default first (what a counterexample
+    shrinks to), dense, and every 8 tokens (a multiple of every chunk the machine builds, as
+    the connector requires of a sliding-window group), where the release has the setting."""
+    from vllm.config import CacheConfig
+
+    return (0, None, 8) if retention_kwargs(CacheConfig, 0) else (0,)
 
 
 _CONFIGS: _Configs | None = None

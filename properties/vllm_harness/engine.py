@@ -89,7 +89,9 @@ class VllmEngine:
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
         self.sched = cls(
             vllm_config=vllm_config,
-            kv_cache_config=cfg.kv_cache_config(setup.gpu_blocks, setup.block_size, setup.layout),
+            kv_cache_config=cfg.kv_cache_config(
+                setup.gpu_blocks, setup.block_size, setup.layout, setup.retention
+            ),
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=setup.block_size,
             log_stats=True,

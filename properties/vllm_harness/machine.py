@@ -52,7 +52,7 @@ from ..oracle import Divergence
 from ..search.coverage import Recorded
 from ..search.rule_choice import install as install_rule_choice
 from ..targets import Target
-from .configs import BLOCK_SIZE, Setup, is_vllm_target, unavailable_reason
+from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
 from .engine import FAULTS, VllmEngine
 from .layouts import FULL_ATTENTION, available, offload_key, sync_loads
 
@@ -176,6 +176,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         layout=FULL_ATTENTION,
         sync_load=0,
         self_describing=False,
+        retention=0,
     ):
         """The set-up rule (``make_machine`` declares it, with its strategies)."""
         self.setup_ = Setup(
@@ -191,6 +192,8 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             layout=layout,
             sync_load_budget=sync_load,
             self_describing=self_describing and kv_events,
+            # a periodic interval with no window is a configuration vLLM refuses: the default
+            retention=retention if retention is None or layout.sliding else 0,
         )
         with vllm_raises("building the scheduler and its connector"):
             self.engine = VllmEngine(
@@ -515,11 +518,18 @@ def make_machine(
     layouts = st.sampled_from(available())
     # a step's budget for synchronous loads, where the connector has one (0: none)
     sync = st.sampled_from([0, 0, 1 << 30]) if sync_loads() else st.just(0)
+    # the prefix cache's retention interval, where the release has one (configs.retentions)
+    retention = st.sampled_from(retentions())
 
     class Machine(VllmSchedulerMachine):
         # SETUP names no ``target`` or ``targets``, which mypy cannot see in a dict
         @initialize(  # type: ignore[call-overload]
-            **SETUP, kv_events=events, layout=layouts, sync_load=sync, self_describing=st.booleans()
+            **SETUP,
+            kv_events=events,
+            layout=layouts,
+            sync_load=sync,
+            self_describing=st.booleans(),
+            retention=retention,
         )
         def setup(self, **drawn):
             self._configure(**drawn)
