@@ -205,7 +205,9 @@ def test_0_34_0_stores_blocks_its_window_freed_after_a_reset():
         pytest.skip("0.34.0 is not gated")
     got = in_release("0.34.0", window_reset=True)["window_reset"]
     assert got.startswith("store job 0 (r1) read GPU block "), got
-    assert got.endswith("holds [1, 1, 1, 1, 1, 1, 7, 7]: it was reused before the copy ran"), got
+    # the block holds r2's prefix (its group named where the block went to another group)
+    assert "holds [1, 1, 1, 1, 1, 1, 7, 7]" in got, got
+    assert got.endswith("it was reused before the copy ran"), got
 
 
 @pytest.mark.vllm
