@@ -11,13 +11,15 @@ module without a docstring is listed as such, which tests/test_layout.py refuses
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.report_page import cited  # noqa: E402 - run as a script, ROOT first
+
 PAGE = ROOT / "docs" / "tree.md"
 FOLDERS = ("model", "impl", "properties", "kvgate", "bench", "tests", "docs")
 INTRO = {
@@ -74,16 +76,7 @@ def page() -> str:
             lines += ["", f"## {top}/ — {INTRO[top]}", ""]
         lines.append(f"- `{path.as_posix()}`: {first_sentence(path)}")
     text = "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
-    return _cite().rewrite_file("docs/tree.md", text)[0]  # spec citations as links
-
-
-def _cite():
-    """docs/cite.py, the one writer of the spec's citation form."""
-    spec = importlib.util.spec_from_file_location("cite", ROOT / "docs" / "cite.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return cited(PAGE, text)  # spec citations as links
 
 
 if __name__ == "__main__":

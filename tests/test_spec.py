@@ -10,7 +10,6 @@ forms must pass the checker. Imports nothing from kvgate.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import io
 import os
 import posixpath
@@ -19,6 +18,8 @@ import tokenize
 from pathlib import Path
 
 import pytest
+
+from bench.report_page import cite_module as load_cite
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "docs/spec.md"
@@ -223,13 +224,6 @@ def tree_files(root: Path) -> list[str]:
             if rel.suffix in (".py", ".md", ".toml") or rel.parts[:1] == (".ci",):
                 found.append(rel.as_posix())
     return sorted(found)
-
-
-def load_cite():
-    spec = importlib.util.spec_from_file_location("cite", ROOT / "docs" / "cite.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --- the spec's anchors ---------------------------------------------------------------------

@@ -63,6 +63,11 @@ class Setup:
     # junctions only, ``None`` densely, N every N tokens; left unset where a release lacks it
     retention: int | None = 0
 
+    def __post_init__(self):
+        # a periodic interval without a window is a configuration vLLM refuses: its default
+        if self.retention and not self.layout.sliding:
+            object.__setattr__(self, "retention", 0)
+
     @property
     def shape(self) -> Shape:
         return Shape(

@@ -192,8 +192,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             layout=layout,
             sync_load_budget=sync_load,
             self_describing=self_describing and kv_events,
-            # a periodic interval with no window is a configuration vLLM refuses: the default
-            retention=retention if retention is None or layout.sliding else 0,
+            retention=retention,
         )
         with vllm_raises("building the scheduler and its connector"):
             self.engine = VllmEngine(
