@@ -104,9 +104,28 @@ class CountedOncePerRequest(CPUOffloadingManager):
     counting stays visible (the mutation suite over 0.33.0 relies on that).
 
     For 0.33.0 only: 0.34.0 already carries the counting fix (use ``SkipCountedOnce`` there).
+    It carries 0.34.0's other fix to the connector beside it (``mend_connector``).
     """
 
     _current: _OffersByRequest | None = None
+
+    @staticmethod
+    def mend_connector(connector) -> None:
+        """0.33.0's connector refuses a second cache reset before a step has run while jobs
+        were in flight at the first (``reset_cache`` asserts that no flush is pending, and the
+        first reset left its flush set for the next step to deliver); 0.34.0 merges the new
+        flush set into the pending one. Put back the same way."""
+        reset = connector.reset_cache
+
+        def reset_cache():
+            pending = connector._current_batch_jobs_to_flush
+            connector._current_batch_jobs_to_flush = set()
+            try:
+                reset()
+            finally:
+                connector._current_batch_jobs_to_flush |= pending
+
+        connector.reset_cache = reset_cache
 
     def _record_accesses(self, keys):
         counted = self._current.counted if self._current is not None else set()

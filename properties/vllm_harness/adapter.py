@@ -574,6 +574,8 @@ def vllm_factory(
             logging.disable(logging.NOTSET)
 
     factory.__name__ = getattr(cls, "__name__", "factory")
+    # a patched class may carry its fix to the connector beside it (engine.py applies it)
+    factory.mend_connector = getattr(cls, "mend_connector", None)  # type: ignore[attr-defined]
     factory.TAKES = frozenset(  # type: ignore[attr-defined]
         n
         for n, p in (("policy_by_path", "cache_policy_module_path"), ("info", "info"))

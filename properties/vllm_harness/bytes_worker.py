@@ -14,6 +14,13 @@ machine delivers it, or the connector names it in ``jobs_to_flush``, or it is a 
 load), never earlier. A store that the connector forgot to flush before its GPU blocks were
 handed to another request therefore copies what that request wrote.
 
+A recurrent group's block (a Mamba layer, ``align`` mode) holds one state in every word: the
+content of the prefix computed so far. A batch computing positions ``[s, e)`` reads the state
+in the block of position ``s - 1`` and writes the state after ``e`` tokens into the block of
+position ``e - 1``; the scheduler's copy-on-write copies (a state at a boundary inside a block,
+handed to the connector) run before the batch. A chunk's key names a prefix that may end
+inside its last block (a partial tail): only the words below the prefix's end are judged.
+
 Checked, each failure one line naming blocks and chunks by the prompts they hold:
 
 - **computes with its own KV**: when a batch runs, every position a scheduled request has
@@ -34,7 +41,9 @@ Faults that break these (``BYTES_FAULTS``): ``ignore_flush`` (the worker runs a 
 only when it is delivered, as if ``jobs_to_flush`` were empty), ``load_wrong_chunk`` (a load reads
 the chunk after the one the manager named, where the tier has more than one),
 ``load_one_group`` (a load fills only the first KV-cache group's blocks: a sliding-window
-group computes with a window it never got).
+group computes with a window it never got), ``skip_block_copies`` (the scheduler's copy-on-write
+copies never run: a recurrent state handed off at a boundary inside a block is not in the block
+the connector stores it from).
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from .checks import Checks
 from .fake_worker import FakeWorker, extents, group_spans
 from .layouts import FULL_ATTENTION, Layout, key_group
 
-BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk", "load_one_group")
+BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk", "load_one_group", "skip_block_copies")
 _MASK = (1 << 62) - 1
 
 
@@ -142,13 +151,18 @@ class BytesWorker(FakeWorker):
         return self.describe(prefix) + (f" (group {group})" if group else "")
 
     def _expect_chunk(self, key: bytes) -> list[list[int]] | None:
-        """The words each sub-block of ``key``'s chunk should hold, or None (prefix unknown)."""
+        """The words each sub-block of ``key``'s chunk should hold, or None (prefix unknown);
+        a sub-block's list stops where the key's prefix ends (a partial tail: the words after
+        it are not judged)."""
         prefix = self.prefix_of(key)
         if prefix is None:
             return None
         group = key_group(key)
         end = len(prefix)
-        start = end - self.bpc * self.bs
+        if group == self.layout.recurrent:
+            return [[self._end_word(prefix, group)] * self.bs] if end else None
+        span = self.bpc * self.bs
+        start = (end - 1) // span * span if end % span else end - span
         if start < 0:
             return None
         words = content_chain(prefix[start:], self._end_word(prefix[:start], group))
@@ -265,7 +279,7 @@ class BytesWorker(FakeWorker):
             want = self._expect_chunk(key)
             if want is None or (block == 0 and self._sliding(key)):
                 continue  # unknown, or the null block where a window never reaches
-            got = self.gpu[block].tolist()
+            got = self.gpu[block].tolist()[: len(want[s])]
             if got != want[s]:
                 bad = got[-1]  # the word that names the block's whole prefix
                 self.checks.fail(
@@ -296,12 +310,15 @@ class BytesWorker(FakeWorker):
 
     def _load_group(self, job_id, req_id, group, gpu_ids, chunks, keys, first) -> bool:
         offset = first % self.bpc
+        end = None  # where the group's last key's prefix ends (inside a block: a partial tail)
         for i, (key, chunk) in enumerate(zip(keys, chunks)):
             want = self._expect_chunk(key)
-            got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()
+            prefix = self.prefix_of(key)
+            end = len(prefix) if prefix is not None else None
+            got = _cut(self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist(), want)
             skip = offset if i == 0 else 0  # sub-blocks the load does not read
             if want is not None and got[skip:] != want[skip:]:
-                bad = got[-1][-1]  # the word that names the chunk's whole prefix
+                bad = [w for w in got if w][-1][-1]  # the last word: the chunk's whole prefix
                 self.checks.fail(
                     f"load job {job_id} ({req_id}) read chunk {chunk} for "
                     f"{self.checks.name(key)}, but it holds {self._what(bad)}"
@@ -317,7 +334,9 @@ class BytesWorker(FakeWorker):
         chain = self._chain(tokens, group)
         for i, block in enumerate(gpu_ids):
             start = (first + i) * self.bs
-            own: list[int] = chain[start : start + self.bs]
+            own: list[int] = chain[start : min(start + self.bs, end or len(chain))]
+            if group == self.layout.recurrent:  # the state after the key's prefix
+                own = [chain[end - 1]] * self.bs if end else []
             held: list[int] = self.gpu[block].tolist()[: len(own)]
             if held != own:
                 j = next(j for j, (w, x) in enumerate(zip(held, own)) if w != x)
@@ -342,6 +361,10 @@ class BytesWorker(FakeWorker):
             start = computed[req_id] - n
             for group, blocks in enumerate(self.blocks_of(req_id)):
                 chain, words = self._request_chain(req_id, tokens, group)
+                if group == self.layout.recurrent:
+                    if not self._recurrent_step(req_id, blocks, chain, start, computed[req_id]):
+                        return
+                    continue
                 low = self.layout.attended_from(group, start)
                 self._check_context(req_id, blocks, chain, low, start, words, group)
                 end = min(computed[req_id], len(blocks) * self.bs)
@@ -356,6 +379,44 @@ class BytesWorker(FakeWorker):
                         return
                     self.gpu[rows, cols] = torch.tensor(chain[start:end], dtype=torch.int64)
             self.stats["positions written"] += n
+
+    def copy_blocks(self, copies: Any) -> None:
+        """The scheduler's copy-on-write copies, before the batch runs."""
+        if self.fault == "skip_block_copies":
+            return
+        for copy in copies:
+            self.gpu[int(copy.dst_block_id)] = self.gpu[int(copy.src_block_id)]
+            self.stats["block copies"] += 1
+
+    def _recurrent_step(self, req_id, blocks, chain, start: int, end: int) -> bool:
+        """A recurrent group computes ``[start, end)``: it reads the state after ``start``
+        tokens from the block of position ``start - 1`` and writes the state after ``end``
+        into the block of position ``end - 1``."""
+        import torch
+
+        if end <= start:
+            return True
+        if start:
+            slot = (start - 1) // self.bs
+            block = blocks[slot] if slot < len(blocks) else 0
+            held = int(self.gpu[block, 0])
+            if block == 0 or held != chain[start - 1]:
+                where = "the null block" if block == 0 else f"GPU block {block}"
+                self.checks.fail(
+                    f"{req_id} continues its recurrent state from {where} (the state after "
+                    f"{start} tokens) holding {self._what(held)}, where the state of its own "
+                    f"prefix {self._what(chain[start - 1])} belongs"
+                )
+                return False
+        slot = (end - 1) // self.bs
+        block = blocks[slot] if slot < len(blocks) else 0
+        if block == 0:
+            self.checks.fail(
+                f"{req_id} writes its recurrent state after {end} tokens into the null block"
+            )
+            return False
+        self.gpu[block] = torch.full((self.bs,), chain[end - 1], dtype=torch.int64)
+        return True
 
     def _request_chain(self, req_id: str, tokens: list[int], group: int = 0):
         """A request's words in ``group``, as a list and a tensor, built once per request."""
@@ -415,9 +476,9 @@ class BytesWorker(FakeWorker):
             if chunk is None or not is_ready(key):
                 continue
             want = self._expect_chunk(key)
-            got = self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist()
             if want is None:
                 continue
+            got = _cut(self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist(), want)
             # a sliding-window chunk's blocks before its last may be the null block's (or,
             # where a release leaves them out, what the chunk held before): never read
             unread = self.bpc - 1 if self._sliding(key) else 0
@@ -427,6 +488,13 @@ class BytesWorker(FakeWorker):
                     f"chunk {chunk} is ready as {self.checks.name(key)} but holds {self._what(bad)}"
                 )
                 return
+
+
+def _cut(rows: list[list[int]], want: list[list[int]] | None) -> list[list[int]]:
+    """``rows``, each cut to its expected words' length (a partial tail's last block)."""
+    if want is None:
+        return rows
+    return [row[: len(w)] for row, w in zip(rows, want)]
 
 
 class _WithoutFlush:

@@ -62,11 +62,28 @@ class Setup:
     # vLLM's planner does): 0 (vLLM's default) the latest replay boundary and shared-prefix
     # junctions only, ``None`` densely, N every N tokens; left unset where a release lacks it
     retention: int | None = 0
+    # tokens per block hash (vLLM's prefix_match_unit); None: one hash a block
+    hash_tokens: int | None = None
 
     def __post_init__(self):
         # a periodic interval without a window is a configuration vLLM refuses: its default
         if self.retention and not self.layout.sliding:
             object.__setattr__(self, "retention", 0)
+        if self.layout.recurrent is not None and self.hash_tokens is None:
+            # a recurrent group's block spans two block hashes, so that a prefix can end inside
+            # a block (a partial tail); its state is one block, so a chunk is one block
+            object.__setattr__(self, "hash_tokens", self.block_size)
+            object.__setattr__(self, "block_size", 2 * self.block_size)
+            object.__setattr__(self, "blocks_per_chunk", 1)
+
+    @property
+    def hash_size(self) -> int:
+        """Tokens per block hash."""
+        return self.hash_tokens or self.block_size
+
+    @property
+    def hashes_per_chunk(self) -> int:
+        return self.blocks_per_chunk * self.block_size // self.hash_size
 
     @property
     def shape(self) -> Shape:
@@ -78,6 +95,7 @@ class Setup:
             self.async_scheduling,
             self.kv_events,
             self.retention,
+            self.hash_tokens if self.layout.recurrent is not None else None,
         )
 
 
@@ -94,6 +112,9 @@ class Shape:
     async_scheduling: bool = False
     kv_events: bool = True  # KVEventsConfig.enable_kv_cache_events (vLLM's default is off)
     retention: int | None = 0  # CacheConfig.prefix_cache_retention_interval (Setup.retention)
+    # with a recurrent group: tokens per block hash (CacheConfig.prefix_match_unit), the
+    # cache in vLLM's ``align`` mode; None: no recurrent group
+    recurrent_hash: int | None = None
 
 
 class _Configs:
@@ -190,6 +211,7 @@ class _Configs:
                     block_size=shape.block_size,
                     enable_prefix_caching=True,
                     **retention_kwargs(CacheConfig, shape.retention),
+                    **recurrent_kwargs(shape),
                 ),
                 scheduler_config=SchedulerConfig(
                     max_num_seqs=shape.max_seqs,
@@ -230,10 +252,20 @@ class _Configs:
         block_size: int,
         layout: Layout = FULL_ATTENTION,
         retention: int | None = 0,
+        shape: Shape | None = None,
     ):
         config = layout.kv_cache_config(gpu_blocks, block_size)
         if RETENTION in {f.name for f in dataclasses.fields(config)}:
             setattr(config, RETENTION, retention)  # as vLLM's planner copies it from the cache
+        if shape is not None and shape.recurrent_hash:
+            # what vLLM's engine core resolves before it builds the scheduler
+            from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens
+
+            vllm_config = self.vllm(shape)
+            config.hash_block_size = shape.recurrent_hash
+            config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
+                config, vllm_config, block_size, shape.recurrent_hash
+            )
         return config
 
     def chunk_bytes(
@@ -251,7 +283,10 @@ class _Configs:
             extra.clear()
             extra.update(cpu_bytes_to_use=1 << 30, blocks_per_chunk=blocks_per_chunk)
             spec = OffloadingSpecFactory.create_spec(
-                build_offloading_config(config, self.kv_cache_config(8, shape.block_size, layout))
+                build_offloading_config(
+                    config,
+                    self.kv_cache_config(8, shape.block_size, layout, shape.retention, shape),
+                )
             )
             size = getattr(spec, "kv_bytes_per_chunk", 0)
             if not size:
@@ -288,6 +323,17 @@ def retention_kwargs(cache_config_cls: Any, retention: int | None) -> dict[str, 
         f.name: f for f in dataclasses.fields(cache_config_cls)
     }
     return {RETENTION: retention} if RETENTION in fields else {}
+
+
+def recurrent_kwargs(shape: Shape) -> dict[str, Any]:
+    """``CacheConfig``'s arguments for a recurrent group's prefix caching (``align`` mode)."""
+    if not shape.recurrent_hash:
+        return {}
+    return dict(
+        mamba_cache_mode="align",
+        prefix_match_unit=shape.recurrent_hash,
+        mamba_block_size=shape.block_size,
+    )
 
 
 def retentions() -> tuple[int | None, ...]:

@@ -87,17 +87,23 @@ class VllmEngine:
         if setup.self_describing:
             extra["self_describing_kv_events"] = True
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
+        hashing = {"hash_block_size": setup.hash_size} if setup.shape.recurrent_hash else {}
         self.sched = cls(
             vllm_config=vllm_config,
             kv_cache_config=cfg.kv_cache_config(
-                setup.gpu_blocks, setup.block_size, setup.layout, setup.retention
+                setup.gpu_blocks, setup.block_size, setup.layout, setup.retention, setup.shape
             ),
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=setup.block_size,
             log_stats=True,
+            **hashing,
         )
         connector = self.sched.connector
         self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
+        # a patched target may carry its fix to the connector beside its manager
+        mend = getattr(getattr(target, "factory", None), "mend_connector", None)
+        if mend is not None:
+            mend(self.connector)
         real = self.connector.manager
         factory = manager_factory(target)
         # what the spec told the manager it built
@@ -192,7 +198,10 @@ class VllmEngine:
     def learn_prefixes(self) -> None:
         """The prefix each chunk key of each live request names (every group's key of a chunk
         names the same prefix)."""
-        bpc, bs = self.setup.blocks_per_chunk, self.setup.block_size
+        # every block hash's key where a prefix may end inside a chunk (a recurrent group's
+        # partial tails), else each chunk's last
+        per_key = 1 if self.setup.layout.recurrent is not None else self.setup.hashes_per_chunk
+        hs = self.setup.hash_size
         for req in self.sched.requests.values():
             tokens = None
             hashes = req.block_hashes
@@ -202,14 +211,14 @@ class VllmEngine:
             self._learned[req.request_id] = len(hashes)
             for i in range(learned, len(hashes)):
                 block_hash = hashes[i]
-                if (i + 1) % bpc:
+                if (i + 1) % per_key:
                     continue
                 if offload_key(block_hash, 0) in self.prefixes:
                     continue
                 tokens = tokens if tokens is not None else list(req.all_token_ids)
                 for group in range(len(self.setup.layout.windows)):
                     key = offload_key(block_hash, group)
-                    self.prefixes[key] = tuple(tokens[: (i + 1) * bs])
+                    self.prefixes[key] = tuple(tokens[: (i + 1) * hs])
                     if self.setup.self_describing:
                         name = (self.cfg.external_hash(bytes(block_hash)), group)
                         self._by_external.setdefault(name, [key])
@@ -232,7 +241,7 @@ class VllmEngine:
             prompt_token_ids=list(tokens),
             sampling_params=params,
             pooling_params=None,
-            block_hasher=self.cfg.block_hasher(self.setup.block_size),
+            block_hasher=self.cfg.block_hasher(self.setup.hash_size),
         )
         self.sched.add_request(request)
         self.requests[req_id] = request
@@ -267,6 +276,9 @@ class VllmEngine:
             if self.move_bytes:
                 self.learn_prefixes()
             self.worker.receive(out.kv_connector_metadata)
+            # the scheduler's copy-on-write hand-offs run before the batch (a recurrent group's
+            # state at a boundary inside a block, copied into a block of its own)
+            self.worker.copy_blocks(getattr(out, "kv_cache_block_copies", None) or ())
             computed = {
                 r: self.sched.requests[r].num_computed_tokens
                 for r in out.num_scheduled_tokens

@@ -60,7 +60,9 @@ class Publisher:
         if not self.described(group):
             return event
         hashes = list(getattr(event, "block_hashes", ()))
-        keys = hashes[self.bpc - 1 :: self.bpc]
+        # each chunk's last block's hash; a last chunk cut short (a partial tail) ends the event
+        per = self.bpc
+        keys = hashes[per - 1 :: per] + (hashes[-1:] if len(hashes) % per else [])
         if type(event).__name__ == "BlockStored":
             self._payload(event, keys, group)
         return _with_hashes(event, keys)
@@ -73,10 +75,11 @@ class Publisher:
         if prefix is None:
             return
         self.checks.stats["event payloads"] += 1
-        want = list(prefix[-self.chunk_tokens :])
-        if self.fault == "shifted_payload" and len(prefix) > self.chunk_tokens:
-            tokens = list(prefix[-2 * self.chunk_tokens : -self.chunk_tokens])
-        first = len(prefix) == self.chunk_tokens
+        start = (len(prefix) - 1) // self.chunk_tokens * self.chunk_tokens  # the chunk's first
+        want = list(prefix[start:])
+        if self.fault == "shifted_payload" and start:
+            tokens = list(prefix[max(0, start - self.chunk_tokens) : start])
+        first = start == 0
         parent = getattr(event, "parent_block_hash", None)
         if tokens != want or (parent is None) != first:
             said = f"tokens {tokens}" + (", no parent" if parent is None else ", a parent")

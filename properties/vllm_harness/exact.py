@@ -210,16 +210,39 @@ class ExactChecks:
             conn._req_status = _NeverForgets(conn._req_status)
 
     # ------------------------------------------------------------------ hits
-    def _keys(self, request: Any, group: int = 0) -> list[bytes]:
-        bpc = self.engine.setup.blocks_per_chunk
+    def _keys(self, request: Any, group: int = 0, every_hash: bool = False) -> list[bytes]:
+        """Each chunk's key in ``group`` (``every_hash``: each block hash's)."""
+        per = 1 if every_hash else self.engine.setup.hashes_per_chunk
         return [
-            offload_key(h, group) for i, h in enumerate(request.block_hashes) if (i + 1) % bpc == 0
+            offload_key(h, group) for i, h in enumerate(request.block_hashes) if (i + 1) % per == 0
         ]
+
+    def _partial_hit_servable(self, request, num_computed: int, hit: int) -> bool:
+        """With a recurrent group: whether the tier holds what a hit of ``hit`` tokens after
+        ``num_computed`` needs (layouts.py); its length is not judged (which boundaries inside
+        a chunk the connector probes is its own policy), only that it is servable."""
+        layout, setup = self.engine.setup.layout, self.engine.setup
+        end = num_computed + hit
+        keys = [self._keys(request, g, every_hash=True) for g in range(len(layout.windows))]
+        if (
+            end % setup.hash_size
+            or end // setup.hash_size > len(keys[0])
+            or end >= request.num_tokens
+        ):
+            return False
+
+        def ready(group: int, index: int) -> bool:
+            return index < len(keys[group]) and self.is_ready(keys[group][index])
+
+        start = num_computed // self.chunk_tokens
+        return layout.serves_partial(end, start, self.chunk_tokens, setup.hash_size, ready)
 
     def _expected_hit(self, request, num_computed, max_num_new_tokens=None, *_, **kw) -> int:
         """The longest hit the CPU tier can serve now, as the layout says (layouts.py)."""
         max_num_new_tokens = kw.get("max_num_new_tokens", max_num_new_tokens)
         layout = self.engine.setup.layout
+        if layout.recurrent is not None:
+            return 0  # its hits are judged servable, not longest (_partial_hit_servable)
         tokens = self.chunk_tokens
         keys = [self._keys(request, g) for g in range(len(layout.windows))]
         start = num_computed // tokens
@@ -268,6 +291,17 @@ class ExactChecks:
             self.stats["deferred lookups"] += 1
             return
         self.stats["hits judged"] += 1
+        if self.engine.setup.layout.recurrent is not None:
+            if hit and (num_computed + hit) % self.chunk_tokens:
+                self.stats["partial hits"] += 1
+            if hit and not self._partial_hit_servable(request, num_computed, hit):
+                self.checks.fail(
+                    f"phantom hit: the connector reported {hit} loadable token(s) for "
+                    f"{request.request_id} after {num_computed} computed on the GPU, but the "
+                    "CPU tier cannot serve a hit ending there (the recurrent state after it, "
+                    "or a full-attention chunk below it, is not ready)"
+                )
+            return
         if hit != want and hit == self.conservative:
             self.stats["capped window hits a token short"] += 1
             return

@@ -86,6 +86,10 @@ class FakeWorker:
             >= (store_delay if self.in_flight[j][0] == "store" else load_delay)
         ]
 
+    def copy_blocks(self, copies: Any) -> None:
+        """The scheduler's block copies before a batch: no data here (``BytesWorker``)."""
+        return None
+
     def forward(self, scheduled: dict[str, int], computed: dict[str, int]) -> None:
         """A step's forward pass: no data here (``BytesWorker`` writes and checks KV)."""
         return None

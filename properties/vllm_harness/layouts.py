@@ -25,6 +25,14 @@ What a layout means, as the checks read it:
   drafter's KV of a hit's last position is recomputed, as vLLM's prefix cache drops a drafter's
   last matched block).
 
+A **recurrent** group (a Mamba layer in vLLM's ``align`` mode) holds no KV per token but one
+state per block: the state after the block's last computed token. Its block spans two block
+hashes, so a prefix may end inside a block: the scheduler copies the state at such a boundary
+into a block of its own (copy-on-write) and hands it to the connector, which stores it with the
+full-attention group's partly filled block (a partial tail). A hit ending at token ``E`` needs
+the recurrent state after exactly ``E`` tokens ready, and every full-attention chunk from the
+first not computed on the GPU, the last one either whole or cut at ``E``.
+
 ``available()`` lists the layouts the installed release's connector has, found by capability.
 A drafter's group comes without a speculative config, so its keys are the block hashes
 (``num_hash_lookahead_tokens`` is 0): the connector's legacy EAGLE handling.
@@ -50,16 +58,19 @@ class Layout:
     windows: tuple[int | None, ...] = FULL
     extra: int = 0
     eagle: int | None = None  # the group that holds a speculative drafter's (EAGLE) layers
+    recurrent: int | None = None  # the group of recurrent (Mamba, align mode) layers
 
     def __repr__(self) -> str:
         extra = f", extra={self.extra}" if self.extra else ""
         eagle = f", eagle={self.eagle}" if self.eagle is not None else ""
-        return f"Layout(windows={self.windows!r}{extra}{eagle})"
+        mamba = f", recurrent={self.recurrent}" if self.recurrent is not None else ""
+        return f"Layout(windows={self.windows!r}{extra}{eagle}{mamba})"
 
     @property
     def name(self) -> str:
         parts = [
-            ("full" if w is None else f"swa{w}") + ("(eagle)" if g == self.eagle else "")
+            ("mamba" if g == self.recurrent else "full" if w is None else f"swa{w}")
+            + ("(eagle)" if g == self.eagle else "")
             for g, w in enumerate(self.windows)
         ]
         return "+".join(parts) + (f"(+{self.extra})" if self.extra else "")
@@ -67,8 +78,16 @@ class Layout:
     @property
     def checked_offers(self) -> int | None:
         """The group whose every chunk a finished request must have offered (one target
-        full-attention group), or ``None``."""
-        full = [g for g, w in enumerate(self.windows) if w is None and g != self.eagle]
+        full-attention group), or ``None``. With a recurrent group none: a full-attention
+        chunk serves a hit only with a recurrent state at or after it, and which states are
+        stored follows which boundaries the scheduler hands off (the connector's policy)."""
+        if self.recurrent is not None:
+            return None
+        full = [
+            g
+            for g, w in enumerate(self.windows)
+            if w is None and g not in (self.eagle, self.recurrent)
+        ]
         return full[0] if len(full) == 1 else None
 
     @property
@@ -105,12 +124,33 @@ class Layout:
                 return False
         return True
 
+    def serves_partial(
+        self, end: int, start_chunk: int, chunk_tokens: int, hash_tokens: int, ready
+    ):
+        """With a recurrent group, whether a hit ending at token ``end`` (a multiple of
+        ``hash_tokens``) can be served: ``ready(group, hash_index)`` for the key of the block
+        hash that ends at token ``(hash_index + 1) * hash_tokens``."""
+        last = end // hash_tokens - 1
+        for group in range(len(self.windows)):
+            if group == self.recurrent:
+                if not ready(group, last):
+                    return False
+                continue
+            for chunk in range(start_chunk, cdiv(end, chunk_tokens)):
+                whole = (chunk + 1) * chunk_tokens // hash_tokens - 1
+                # a chunk wholly below the hit, or the last one: whole, or cut at the hit
+                cuts = range(last, whole + 1) if whole > last else (whole,)
+                if not any(ready(group, h) for h in cuts):
+                    return False
+        return True
+
     def kv_cache_config(self, gpu_blocks: int, block_size: int) -> Any:
         import torch
         from vllm.v1.kv_cache_interface import (
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
+            MambaSpec,
             SlidingWindowSpec,
         )
 
@@ -119,8 +159,15 @@ class Layout:
             common: dict[str, Any] = dict(
                 block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
             )
-            if window is None:
-                spec: Any = FullAttentionSpec(**common)
+            if i == self.recurrent:
+                spec: Any = MambaSpec(
+                    block_size=block_size,
+                    shapes=((1, 1),),
+                    dtypes=(torch.float32,),
+                    mamba_cache_mode="align",
+                )
+            elif window is None:
+                spec = FullAttentionSpec(**common)
             else:
                 if self.extra:
                     common["extra_retained_tokens"] = self.extra
@@ -134,6 +181,9 @@ class Layout:
         tier's published size in tokens is counted by)."""
         total = 0
         for group in range(len(self.windows)):
+            if group == self.recurrent:  # one state stands for the whole prefix
+                total += 1
+                continue
             whole = cdiv(max_model_len, chunk_tokens)
             window = self.window_chunks(group, 0, chunk_tokens)
             total += whole if window is None else min(whole, window)
@@ -173,6 +223,10 @@ def available() -> tuple[Layout, ...]:
         fields = {f.name for f in dataclasses.fields(spec)}
         if "extra_retained_tokens" in fields:
             layouts.append(Layout((None, 3), extra=2))
+    if "supports_partial_tail" in getattr(
+        getattr(scheduler, "SchedulerOffloadConfig", None), "_fields", ()
+    ) and hasattr(scheduler, "resolve_mamba_align_size"):
+        layouts.append(Layout((None, None), recurrent=1))
     groups = {f.name for f in dataclasses.fields(kv_cache_interface.KVCacheGroupSpec)}
     if "is_eagle_group" in groups and "is_eagle_group" in getattr(group, "_fields", ()):
         layouts.append(Layout((None, None), eagle=1))
