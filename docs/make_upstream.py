@@ -31,7 +31,15 @@ from tests.vllm_releases import PATCHED, built, gate_facts, releases, run_python
 ARGUMENTS = {
     "0.33.0": "The seed's bug. The seed's claim: each key counts once per request, so a "
     "request's retry after `None` and its re-offer after a preemption must not count "
-    "again. 0.33.0 counts every offer, so one request alone gets a key admitted.",
+    "again. 0.33.0 counts every offer, so one request alone gets a key admitted. Its "
+    "connector has one more defect, outside the rule, which vLLM's scheduler machine reaches "
+    "on the hybrid (Mamba) layout: a second cache reset before the engine steps again, while "
+    "jobs were in flight at the first, raises an AssertionError (`reset_cache` asserts that no "
+    "flush is pending, and the first reset left its flush set for the next step), so the "
+    "client's reset fails. 0.34.0's connector documents the case (a previous reset's flush set "
+    "may still be pending; the new ids are merged into it), so upstream's own design says the "
+    "second reset must succeed (`docs/repro/vllm_0_33_0_reset_twice.py` below). The mended "
+    "0.33.0 target (tests/upstream_patches.py) carries that merge beside the counting fix.",
     "0.34.0": "The seed's fix is in (`counted_keys` in the per-request record), and where our "
     "first spec guessed differently (a key the tracker dropped enters again with "
     "count 1, also for a request that counted it before) upstream's choice is safe, "

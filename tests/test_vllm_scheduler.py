@@ -22,9 +22,11 @@ stored-chunk index never advances, one that never tells the manager of a new req
 that never drops a finished request's state; the layouts' checks (spec §7.2) on a worker that
 loads only the first KV-cache group, a connector that lets a sliding window's hit reach the last
 token, one that takes a drafter's (EAGLE) group for a target group, one that publishes a failed
-store, one whose store events describe the wrong tokens, one that drops the lookup-deferral
-histogram, loses a reset, asks the tier's configuration every time, or goes idle with jobs in
-flight. A defect of 0.34.0 these checks found is reproduced on its own (a reset that leaves a
+store, one whose store events describe the wrong tokens or none, one that drops the lookup-deferral
+histogram, loses a reset, asks the tier's configuration every time, goes idle with jobs in
+flight, defers a lookup with nothing in flight, or never passes its shutdown on; on the hybrid
+(Mamba) layout, a worker that skips the scheduler's copy-on-write copies. A defect of 0.34.0
+these checks found is reproduced on its own (a reset that leaves a
 request running makes it store blocks its sliding window freed).
 """
 
@@ -35,17 +37,33 @@ import sys
 
 import pytest
 
-from tests.vllm_releases import ADMITTED, OVERCOUNT, PATCHED, SKIPS, TRACE, probe, releases, run_in
+from tests.vllm_releases import (
+    ADMITTED,
+    MENDED,
+    OVERCOUNT,
+    PATCHED,
+    SKIPS,
+    TRACE,
+    probe,
+    releases,
+    run_in,
+)
 
 # The seed's bug as 0.33.0's allocation metric shows it first: a request's retry after None
 # counts it again, so the manager sizes an allocation for a key only that request offered (the
 # store still fails for want of chunks, so the admitted keys agree until a later offer).
 ALLOCATION = "vllm:kv_offload_cpu_allocation_size differs"
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
+# 0.33.0's connector raises on a second cache reset before a step (docs/upstream.md; fixed in
+# 0.34.0): a defect of the release too, which the hybrid (Mamba) layout reaches
+RESET_TWICE = (
+    "vLLM raised AssertionError during reset_prefix_cache, at vllm/distributed/kv_transfer/"
+    "kv_connector/v1/offloading/scheduler.py:2406 (assert not self._current_batch_jobs_to_flush)"
+)
 EXPECTED = {
     "0.33.0": {
-        "off": {ADMITTED, OVERCOUNT, ALLOCATION},
-        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION},
+        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
+        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
         "max_steps": 12,
         "cold": True,
     },
@@ -61,6 +79,7 @@ FAULTS = {
     "ignore_flush": "was reused before the copy ran",
     "load_wrong_chunk": "but it holds",
     "load_one_group": " of group 1 (tokens ",
+    "skip_block_copies": " computes with GPU block ",
     # the connector's scheduler side, exactly (properties/vllm_harness/exact.py)
     "phantom_hit": "phantom hit: the connector reported",
     "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
@@ -74,8 +93,11 @@ FAULTS = {
     "reset_lost": "and its manager heard reset_cache 0 time(s)",
     "info_every_time": "the connector asked its manager's config_info 2 times",
     "idle_with_jobs": "the scheduler went idle while the connector tracks job(s)",
+    "defer_always": "lookup (answered None) with no transfer in flight",
+    "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
     # self-describing KV events (properties/vllm_harness/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",
+    "payload_missing": "carries no tokens, with self-describing events on",
     # the connector's lookup metrics (properties/vllm_harness/lookup_metrics.py)
     "drop_async_delay": "vllm:kv_offload_lookup_async_delay_seconds histogram holds",
 }
@@ -208,6 +230,38 @@ def test_0_34_0_stores_blocks_its_window_freed_after_a_reset():
     # the block holds r2's prefix (its group named where the block went to another group)
     assert "holds [1, 1, 1, 1, 1, 1, 7, 7]" in got, got
     assert got.endswith("it was reused before the copy ran"), got
+
+
+RESET_TWICE_PROBE = """
+import json
+from kvgate.properties.targets import resolve_target
+from kvgate.properties.vllm_harness import configs, engine
+out = {{}}
+for spec in ("vllm", {mended!r}):
+    run = engine.VllmEngine(configs.Setup(num_chunks=2, store_threshold=1, kv_events=False),
+                            resolve_target(spec))
+    run.add_request("r1", [1, 1, 2, 2], 2)
+    run.step()
+    run.reset()
+    try:
+        run.reset()
+        out[spec] = "ran"
+    except AssertionError:
+        out[spec] = "raised"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", releases())
+def test_a_second_reset_before_a_step_raises_in_0_33_0_only(version):
+    """vLLM 0.33.0's connector asserts on a second cache reset before a step while the first
+    left jobs to flush (docs/repro/vllm_0_33_0_reset_twice.py); 0.34.0 merges them, and the
+    mended 0.33.0 target (tests/upstream_patches.py) carries that fix to its connector."""
+    mended = MENDED.get(version, "vllm")
+    got = probe(version, RESET_TWICE_PROBE.format(mended=mended))
+    assert got["vllm"] == ("raised" if version == "0.33.0" else "ran"), got
+    assert got[mended] == "ran", got
 
 
 @pytest.mark.vllm
@@ -431,3 +485,63 @@ def test_a_sliding_window_hit_needs_only_the_chunks_its_window_keeps():
     assert drafter.servable(6, 0, 2, 4, every) and not drafter.servable(8, 0, 2, 4, every)
     assert drafter.checked_offers == 0 and Layout((None, 3)).checked_offers == 0
     assert layout.chunks_per_request(64, 2) == 32 + 2
+
+
+def test_a_hit_beside_a_recurrent_group_needs_its_state_at_the_hit():
+    """Without vLLM: chunks of 4 tokens, block hashes of 2 (a recurrent group's block spans
+    two), full attention beside a recurrent (Mamba) group. A hit ending at token E needs the
+    recurrent state after exactly E tokens, and every full-attention chunk below E, the last
+    one whole or cut at E (its key is the block hash ending at E)."""
+    from kvgate.properties.vllm_harness.layouts import Layout
+
+    layout = Layout((None, None), recurrent=1)
+    # full attention: chunks 0 and 1 whole (hashes 1, 3), a partial tail at token 10 (hash 4);
+    # recurrent states after 6 and 10 tokens (hashes 2, 4)
+    ready = {(0, 1), (0, 3), (0, 4), (1, 2), (1, 4)}
+
+    def served(end, start=0):
+        return layout.serves_partial(end, start, 4, 2, lambda g, h: (g, h) in ready)
+
+    assert served(10)  # chunks 0, 1 whole, the tail cut at 10, the state after 10
+    assert not served(8)  # no recurrent state after 8 tokens
+    assert served(6)  # chunk 0 whole, chunk 1 (its whole key) serves its first half
+    assert not served(12)  # neither chunk 2 whole nor the state after 12
+    ready.discard((0, 1))  # chunk 0 lost: only a hit past it, computed on the GPU, remains
+    assert not served(10) and served(10, start=1)
+    assert layout.checked_offers is None  # which chunks are stored follows the hand-offs
+    assert layout.chunks_per_request(64, 4) == 16 + 1  # one state stands for the prefix
+    assert layout.name == "full+mamba"
+
+
+RECURRENT_ONLY = """
+import json
+from kvgate.properties.vllm_harness import layouts, machine
+machine.available = lambda: tuple(l for l in layouts.available() if l.recurrent is not None)
+out = {{}}
+if machine.available():
+    for fault in (None, "skip_block_copies", "phantom_hit", "load_one_group"):
+        got = machine.summary({patched!r}, "ci", fault=fault, max_examples=300,
+                              find_only=fault is not None)
+        out[str(fault)] = {{k: got[k] for k in ("passed", "why", "labels")}}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+def test_the_recurrent_layout_passes_0_34_0_mended_and_catches_its_faults():
+    """The hybrid layout alone (full attention beside a Mamba group in align mode) on 0.34.0
+    with the skip counted once: it passes, with copy-on-write hand-offs and partial hits seen;
+    a worker that skips the scheduler's block copies, a connector that reports a chunk more
+    than the tier holds, and a load that fills only the first group are each caught."""
+    if "0.34.0" not in releases():
+        pytest.skip("0.34.0 is not gated")
+    got = probe("0.34.0", RECURRENT_ONLY.format(patched=PATCHED))
+    clean = got["None"]
+    assert clean["passed"], clean
+    for label in ("recurrent (Mamba) group", "copy-on-write hand-off", "partial hit", "load"):
+        assert clean["labels"].get(label), (label, clean["labels"])
+    assert not got["skip_block_copies"]["passed"]
+    assert " computes with GPU block " in got["skip_block_copies"]["why"], got
+    assert got["phantom_hit"]["why"].startswith("phantom hit: the connector reported "), got
+    assert "the recurrent state after it" in got["phantom_hit"]["why"], got
+    assert "continues its recurrent state from " in got["load_one_group"]["why"], got

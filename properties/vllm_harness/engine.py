@@ -123,7 +123,10 @@ class VllmEngine:
         layout = setup.layout
         self.sched.kv_event_publisher = Publisher(
             self.checks,
-            described=lambda g: setup.self_describing and layout.windows[g] is None,
+            # a recurrent group's events carry no tokens (a state, not KV per token)
+            described=lambda g: (
+                setup.self_describing and layout.windows[g] is None and g != layout.recurrent
+            ),
             blocks_per_chunk=setup.blocks_per_chunk,
             chunk_tokens=setup.block_size * setup.blocks_per_chunk,
             prefix_of=self._prefix_of_event,
@@ -257,6 +260,12 @@ class VllmEngine:
         return bool(
             self.sched.reset_prefix_cache(reset_running_requests=running_too, reset_connector=True)
         )
+
+    def shutdown(self) -> None:
+        """The engine stops: vLLM's scheduler shuts its connector down (spec §7.1)."""
+        told = self.front.calls["shutdown"]
+        self.sched.shutdown()
+        self.exact.shut_down(self.front.calls["shutdown"] - told, self.connector.manager)
 
     def can_step(self) -> bool:
         if self.queue or self.sched.has_requests():

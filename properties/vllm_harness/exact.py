@@ -4,12 +4,15 @@
   hit the CPU tier can serve at that moment under the example's KV-cache layout (layouts.py:
   with one full-attention group, the longest run of chunks from the chunk that holds the first
   token not computed on the GPU), capped by the request's keyed chunks, its tokens and the
-  scheduler's ``max_num_new_tokens``, and 0 below one chunk (a deferral, ``None``, is not
-  judged: the connector defers while the request has transfers in flight or a chunk it would
-  load is being loaded); a request's ``max_load_tokens`` (its ``kv_transfer_params``) caps the
-  load at the last chunk boundary within that many tokens (with a sliding-window group, a
-  connector that also takes the window's last token off the capped length, as 0.33.0's does,
-  is accepted: a smaller hit, never wrong KV);
+  scheduler's ``max_num_new_tokens``, and 0 below one chunk; a request's ``max_load_tokens``
+  (its ``kv_transfer_params``) caps the load at the last chunk boundary within that many
+  tokens (with a sliding-window group, a connector that also takes the window's last token off
+  the capped length, as 0.33.0's does, is accepted: a smaller hit, never wrong KV); beside a
+  recurrent (Mamba) group a hit is judged servable, not longest (layouts.py);
+- **deferred for a cause**: a lookup answers ``None`` (ask again later) only while something
+  can change the answer: a transfer job the connector tracks or a reset still waiting for its
+  flushed jobs, or a manager lookup in that call that answered neither hit nor miss (a chunk
+  still being stored); with nothing in flight a deferred request waits forever;
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
   is reset (a ``None`` leaves it to be offered again: a retry);
@@ -22,6 +25,8 @@
   runs, and each key at the position its chunk ends (where the release's context has these);
 - **reset passed on**: a reset of the connector's cache reaches the manager as exactly one
   ``reset_cache``;
+- **shutdown passed on**: when the scheduler shuts down, a manager that has ``shutdown`` hears
+  it exactly once (its threads and pinned memory are released there);
 - **never idle with work**: the scheduler goes idle (no request, no push work pending) only
   when the connector tracks no transfer job (their completions come only from later steps);
 - **configuration once**: the tier's configuration (``config_info``) is asked of the manager
@@ -47,7 +52,9 @@ recomputed with its window), ``drafter_unproven`` (a drafter's (EAGLE) group is 
 a target group: hits its chunk past the hit does not prove), ``reset_lost`` (a cache reset
 never reaches the manager), ``info_every_time`` (the tier's configuration asked of the manager
 for every stats payload), ``idle_with_jobs`` (the connector never says it has work pending:
-the engine goes idle with jobs in flight).
+the engine goes idle with jobs in flight), ``defer_always`` (a lookup with no hit is deferred:
+the request waits for nothing), ``shutdown_lost`` (the connector's shutdown never reaches
+the manager).
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ EXACT_FAULTS = (
     "reset_lost",
     "info_every_time",
     "idle_with_jobs",
+    "defer_always",
+    "shutdown_lost",
 )
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
@@ -101,6 +110,7 @@ class ExactChecks:
         self.in_reset = False
         self.ran: set[tuple] = set()  # (req, generation, epoch) scheduled at least once
         self.admitted: dict[str, int] = {}  # req -> the cache generation it was added in
+        self.unsettled = 0  # manager lookups answered neither hit nor miss
         self.stats = checks.stats
         self._wrap()
 
@@ -111,8 +121,13 @@ class ExactChecks:
 
         def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
             want = self._expected_hit(request, num_computed_tokens, *args, **kwargs)
+            unsettled = self.unsettled
             got = original(request, num_computed_tokens, *args, **kwargs)
             hit = got[0] if isinstance(got, tuple) else got
+            if self.fault == "defer_always" and not hit:
+                hit, got = None, ((None, *got[1:]) if isinstance(got, tuple) else None)
+            if hit is None and self.unsettled == unsettled:
+                self._deferred_for_nothing(request)
             if self.fault == "phantom_hit" and hit:
                 hit += self.chunk_tokens
                 got = (hit, *got[1:]) if isinstance(got, tuple) else hit
@@ -140,6 +155,8 @@ class ExactChecks:
         conn.reset_cache = reset_cache_watched
         if self.fault == "idle_with_jobs" and hasattr(conn, "has_pending_push_work"):
             conn.has_pending_push_work = lambda: False
+        if self.fault == "shutdown_lost":
+            conn.shutdown = lambda: None
         if self.fault == "reset_lost" and hasattr(conn, "_reset_cache"):
             conn._reset_cache = lambda: None
         if self.fault == "reoffer" and hasattr(conn, "_req_status"):
@@ -285,6 +302,33 @@ class ExactChecks:
             low = min(low - 1, len(keys[0]) * tokens)
             self.conservative = longest(low - low % tokens)
         return hit
+
+    def shut_down(self, told: int, front: Any) -> None:
+        """After the scheduler's shutdown: the manager heard ``shutdown`` once, where it has
+        one."""
+        real = getattr(front, "real", None)
+        if told != 1 and callable(getattr(real, "shutdown", None)):
+            self.checks.fail(
+                f"the scheduler shut down and its connector's manager heard shutdown {told} time(s)"
+            )
+
+    def looked_up(self, answer: Any) -> None:
+        """A manager lookup's answer (from the connector, through the front)."""
+        if getattr(answer, "name", None) not in ("HIT", "MISS") and not isinstance(answer, int):
+            self.unsettled += 1
+
+    def _deferred_for_nothing(self, request: Any) -> None:
+        """A lookup answered ``None`` while every manager lookup in it was settled: only a
+        transfer the connector tracks (or a reset's flushed jobs) can change the answer."""
+        conn = self.conn
+        if not hasattr(conn, "_jobs"):
+            return  # a release that does not say what it tracks
+        if conn._jobs or getattr(conn, "_reset_fence", None) or self.engine.worker.in_flight:
+            return
+        self.checks.fail(
+            f"the connector deferred {request.request_id}'s lookup (answered None) with no "
+            "transfer in flight and every manager lookup settled: nothing can change its answer"
+        )
 
     def _judge_hit(self, request, num_computed, hit, want) -> None:
         if hit is None:

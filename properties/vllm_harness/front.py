@@ -96,7 +96,10 @@ class Front:
 
     def lookup(self, key, req_context=None):
         self._named("lookup", req_context)
-        return self._through("lookup", key, req_context)
+        out = self._through("lookup", key, req_context)
+        if self.exact is not None:
+            self.exact.looked_up(out)
+        return out
 
     def prepare_load(self, keys, req_context=None):
         self._named("prepare_load", req_context)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import traceback
 from typing import Any
 
@@ -418,6 +419,13 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             self.engine.oracle.check_state()
 
     def teardown(self):
+        # the engine shuts down after an example that ran to its end (not while a failure
+        # propagates: Hypothesis tears down in a ``finally``)
+        if self.engine is not None and not self.engine.checks.failure and not sys.exc_info()[0]:
+            with vllm_raises("shutdown", self.engine.checks):
+                self.engine.shutdown()
+            if self.engine.checks.failure:
+                raise AssertionError(self.engine.checks.failure)
         if self.engine is not None:
             if currently_in_test_context():
                 note(
