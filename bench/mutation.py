@@ -77,29 +77,17 @@ class Suite:
 
 
 VLLM_PACKAGE = "vllm/v1/kv_offload/cpu"
-# Where a release as it stands fails a machine outside the mutated files, the suite runs that
-# machine without the one path that fails, and says so.
-VLLM_ADJUSTED = {
-    "0.33.0": (
-        "vLLM's scheduler machine runs no second cache reset before a step: 0.33.0's own "
-        "connector scheduler asserts there (_current_batch_jobs_to_flush), outside the "
-        "mutated manager and policies (0.34.0 no longer does)",
-        (("KVGATE_MUTATION_NO_BACK_TO_BACK_RESET", "1"),),
-    ),
-}
 
 
 def _vllm_suite(version: str, target: str) -> Suite:
-    note, env = VLLM_ADJUSTED.get(version, ("", ()))
     return Suite(
         f"vllm-{version}",
         (f"{VLLM_PACKAGE}/manager.py", f"{VLLM_PACKAGE}/policies/*"),
         ("tests/mutation/test_vllm_machines.py",),
         0.95,
         isolation="forkserver",
-        note=note,
         vllm=version,
-        env=(("KVGATE_MUTATION_TARGET", target), *env),
+        env=(("KVGATE_MUTATION_TARGET", target),),
     )
 
 

@@ -7,8 +7,7 @@ it (tests/mutation/vllm_yardstick.py); without it the release runs as installed 
 baseline). The target is the release with only its known defect mended
 (``KVGATE_MUTATION_TARGET``), so a failure here is a mutant caught. vLLM's scheduler machine is
 the one machine that runs the connector: under ``ci``, derandomized, stopping at the first
-failure; for 0.33.0 without a second cache reset before a step, where that release's own
-connector asserts (as in test_vllm_machines.py).
+failure (0.33.0's mended target also carries 0.34.0's fix to its connector's reset).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - the mutant 
 from kvgate.properties.runner import run_machine  # noqa: E402 - the mutant first
 from kvgate.properties.targets import resolve_target  # noqa: E402 - the mutant first
 from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402 - the mutant first
-from tests.mutation.test_vllm_machines import _without_back_to_back_resets  # noqa: E402 - the mutant first
 
 PROFILE = "ci"  # the default gate's budget (600 examples): the budget users run
 SPEC = os.environ.get("KVGATE_MUTATION_TARGET", "vllm")
@@ -38,10 +36,6 @@ def test_the_machine_sees_the_mutant():
 
 
 def test_vllm_scheduler_machine_with_the_connector():
-    import vllm
-
     machine = vllm_scheduler_machine.make_machine(resolve_target(SPEC))
-    if vllm.__version__ == "0.33.0":
-        machine = _without_back_to_back_resets(machine)
     result = run_machine(machine, PROFILE, phases=FIRST_FAILURE)
     assert result.passed, result.message + "\n" + "\n".join(result.program)

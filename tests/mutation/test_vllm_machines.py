@@ -5,8 +5,8 @@ The target is the release with only its known defect mended (tests/upstream_patc
 named by ``KVGATE_MUTATION_TARGET``, which bench/mutation.py sets per suite), so that the
 unmutated release passes and a failure here is a mutant caught. Every machine that applies to
 a vLLM target runs, checked exactly: the manager machine under each policy, kvgate's scheduler
-machine, and vLLM's own scheduler machine (for 0.33.0 without a second cache reset before a
-step, where that release's own connector asserts: ``KVGATE_MUTATION_NO_BACK_TO_BACK_RESET``).
+machine, and vLLM's own scheduler machine (0.33.0's mended target also carries 0.34.0's fix to
+its connector's reset, ``CountedOncePerRequest.mend_connector``).
 Settings as in test_machines.py: the ``ci`` profile, derandomized, no shrinking.
 
 The staged manager and policies are loaded in place of the installed ones when this module is
@@ -24,8 +24,6 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import strategies as st
-from hypothesis.stateful import precondition, rule
 
 from tests.mutation import staged_vllm
 
@@ -46,8 +44,6 @@ MANAGER_EXAMPLES = 300
 SCHEDULER_EXAMPLES = 200
 VLLM_SCHEDULER_EXAMPLES = 200
 SPEC = os.environ.get("KVGATE_MUTATION_TARGET", "vllm")
-# set by the 0.33.0 suite: its connector asserts on a second reset before a step
-NO_BACK_TO_BACK_RESET = os.environ.get("KVGATE_MUTATION_NO_BACK_TO_BACK_RESET") == "1"
 
 TARGET = resolve_target(SPEC)  # imports the release's manager (staged, where staged)
 configs()  # vLLM's configs and model registration, once per process
@@ -116,32 +112,8 @@ def test_scheduler_machine():
     _passes(run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=FIRST_FAILURE))
 
 
-def _without_back_to_back_resets(machine):
-    """The machine, with a reset allowed only when a step ran since the last one."""
-
-    class Machine(machine):
-        _reset_last = False
-
-        @precondition(lambda self: self.engine is not None and not self._reset_last)
-        @rule(running_too=st.booleans())
-        def reset(self, running_too):
-            machine.reset(self, running_too)
-            self._reset_last = True
-
-        @precondition(lambda self: self.engine is not None)
-        @rule(n=st.integers(1, 3))
-        def step(self, n):
-            machine.step(self, n)
-            self._reset_last = False
-
-    Machine.__name__ = Machine.__qualname__ = machine.__name__
-    return Machine
-
-
 def test_vllm_scheduler_machine():
     machine = vllm_scheduler_machine.make_machine(TARGET)
-    if NO_BACK_TO_BACK_RESET:
-        machine = _without_back_to_back_resets(machine)
     _passes(
         run_machine(machine, PROFILE, max_examples=VLLM_SCHEDULER_EXAMPLES, phases=FIRST_FAILURE)
     )
