@@ -71,3 +71,35 @@ def test_an_older_release_gets_its_true_verdict(version):
     else:  # one request looking a key up twice
         lookups = [ln for ln in facts["counterexample"].splitlines() if "state.lookup(" in ln]
         assert len(lookups) >= 2, out
+
+
+@pytest.mark.parametrize("version", gate_only())
+def test_vllms_scheduler_machine_on_a_connector_it_cannot_drive_is_no_verdict(version):
+    """These releases' connectors predate what vLLM's scheduler machine builds (0.28.0's spec
+    does not say a chunk's size in bytes; 0.21.0 has no offloading config module): named, the
+    machine is a one-line exit 2 before anything runs; with every machine, it is left out with
+    that reason (0.21.0's manager also lacks what kvgate's scheduler machine needs: with
+    --keep-going that machine is a one-line error of its own)."""
+    done = run_in(
+        version, "-m", "kvgate", "check", "--target", "vllm", "--machine", "vllm-scheduler"
+    )
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("kvgate:")]
+    assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+    assert "predates what vLLM's scheduler machine drives" in lines[0], lines
+    done = run_in(
+        version,
+        "-m",
+        "kvgate",
+        "check",
+        "--target",
+        "vllm",
+        "--machine",
+        "all",
+        "--keep-going",
+        "--profile",
+        "ci",
+    )
+    out = done.stdout + done.stderr
+    assert "kvgate's own code" not in out and "FAIL  vllm-scheduler" not in out, out
+    left = [ln for ln in out.splitlines() if ln.startswith("left out: vllm-scheduler")]
+    assert left and "predates what vLLM's scheduler machine drives" in left[0], out

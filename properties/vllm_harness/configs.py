@@ -35,6 +35,15 @@ def unavailable_reason() -> str | None:
             text = str(exc).strip().splitlines()
             why = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
             return f"vLLM's scheduler is not importable ({why}); {INSTALL_HINT}"
+    try:  # what the machine builds first: the connector's CPU tier, sized from its spec
+        configs().chunk_bytes(Shape(), 1)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        why = f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+        return (
+            "this vLLM's offloading connector predates what vLLM's scheduler machine drives "
+            f"(sizing its CPU tier: {why})"
+        )
     return None
 
 
@@ -257,16 +266,28 @@ class _Configs:
         config = layout.kv_cache_config(gpu_blocks, block_size)
         if RETENTION in {f.name for f in dataclasses.fields(config)}:
             setattr(config, RETENTION, retention)  # as vLLM's planner copies it from the cache
-        if shape is not None and shape.recurrent_hash:
-            # what vLLM's engine core resolves before it builds the scheduler
-            from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens
+        if shape is not None:
+            resolved = self.block_sizes(config, shape)
+            if resolved is not None:  # what vLLM's engine core resolves before the scheduler
+                from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens
 
-            vllm_config = self.vllm(shape)
-            config.hash_block_size = shape.recurrent_hash
-            config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
-                config, vllm_config, block_size, shape.recurrent_hash
-            )
+                config.hash_block_size = resolved[1]
+                config.cache_hit_alignment_tokens = resolve_cache_hit_alignment_tokens(
+                    config, self.vllm(shape), *resolved
+                )
         return config
+
+    def block_sizes(self, kv_cache_config: Any, shape: Shape) -> tuple[int, int] | None:
+        """The scheduler's block size and the block hash's, as vLLM's engine core resolves
+        them for this KV-cache config (``None`` where the release does not)."""
+        from vllm.v1.core import kv_cache_utils
+
+        resolve = getattr(kv_cache_utils, "resolve_kv_cache_block_sizes", None)
+        fields = {f.name for f in dataclasses.fields(kv_cache_config)}
+        if resolve is None or "cache_hit_alignment_tokens" not in fields:
+            return None
+        scheduler, hashing = resolve(kv_cache_config, self.vllm(shape))
+        return int(scheduler), int(hashing)
 
     def chunk_bytes(
         self, shape: Shape, blocks_per_chunk: int, layout: Layout = FULL_ATTENTION

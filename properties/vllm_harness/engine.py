@@ -87,12 +87,18 @@ class VllmEngine:
         if setup.self_describing:
             extra["self_describing_kv_events"] = True
         vllm_config.cache_config.num_gpu_blocks = setup.gpu_blocks
-        hashing = {"hash_block_size": setup.hash_size} if setup.shape.recurrent_hash else {}
+        kv_cache_config = cfg.kv_cache_config(
+            setup.gpu_blocks, setup.block_size, setup.layout, setup.retention, setup.shape
+        )
+        resolved = cfg.block_sizes(kv_cache_config, setup.shape)
+        hashing = {}
+        if resolved is not None:
+            if resolved != (setup.block_size, setup.hash_size):
+                raise RuntimeError(f"vLLM resolves block sizes {resolved} for {setup}")
+            hashing["hash_block_size"] = setup.hash_size
         self.sched = cls(
             vllm_config=vllm_config,
-            kv_cache_config=cfg.kv_cache_config(
-                setup.gpu_blocks, setup.block_size, setup.layout, setup.retention, setup.shape
-            ),
+            kv_cache_config=kv_cache_config,
             structured_output_manager=StructuredOutputManager(vllm_config),
             block_size=setup.block_size,
             log_stats=True,

@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ..adapters import TargetError
+from ..adapters import TargetError, raised_at
 from ..oracle import Divergence
 from ..search.coverage import Recorded
 from ..search.rule_choice import install as install_rule_choice
@@ -444,7 +444,8 @@ def vllm_raises(what: str, checks: Any = None):
     """A divergence passes as it is; anything else raised inside vLLM becomes one line that
     says what the step was doing and where in vLLM it was raised. Where a check of ``checks``
     had already failed in the step (a phantom hit the connector reported, say), that failure
-    came first and vLLM's raise is its consequence: the check's line is raised instead."""
+    came first and vLLM's raise is its consequence: the check's line is raised instead. An
+    exception raised in kvgate's own code passes as it is: no verdict (spec §9)."""
     try:
         yield
     except Divergence:
@@ -452,6 +453,8 @@ def vllm_raises(what: str, checks: Any = None):
     except Exception as exc:
         if checks is not None and checks.failure:
             raise AssertionError(checks.failure) from exc
+        if raised_at(exc)[1]:
+            raise  # kvgate's own code: no verdict on vLLM (the runner says so, exit 2)
         frames = traceback.extract_tb(exc.__traceback__)
         inside = [f for f in frames if f"{os.sep}vllm{os.sep}" in f.filename] or frames
         where = inside[-1]
