@@ -22,7 +22,7 @@ stored-chunk index never advances, one that never tells the manager of a new req
 that never drops a finished request's state; the layouts' checks (spec §7.2) on a worker that
 loads only the first KV-cache group, a connector that lets a sliding window's hit reach the last
 token, one that takes a drafter's (EAGLE) group for a target group, one that publishes a failed
-store, one whose store events describe the wrong tokens or none, one that drops the lookup-deferral
+store, one whose store events describe the wrong tokens, one that drops the lookup-deferral
 histogram, loses a reset, asks the tier's configuration every time, goes idle with jobs in
 flight, defers a lookup with nothing in flight, or never passes its shutdown on; on the hybrid
 (Mamba) layout, a worker that skips the scheduler's copy-on-write copies. A defect of 0.34.0
@@ -97,7 +97,6 @@ FAULTS = {
     "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
     # self-describing KV events (properties/vllm_harness/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",
-    "payload_missing": "carries no tokens, with self-describing events on",
     # the connector's lookup metrics (properties/vllm_harness/lookup_metrics.py)
     "drop_async_delay": "vllm:kv_offload_lookup_async_delay_seconds histogram holds",
 }

@@ -48,6 +48,7 @@ the connector stores it from).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -260,15 +261,27 @@ class BytesWorker(FakeWorker):
             self._store_group(
                 job_id, req_id, gpu_ids[at : at + size], keys[used : used + count], offset
             )
-            self.copy_seq += 1
-            self.copier.submit_store(
-                self.copy_seq, gpu_ids[at : at + size], chunks[used : used + count], offset
-            )
-            self.copier.get_finished()
+            self._copy_out(gpu_ids[at : at + size], chunks[used : used + count], offset)
             at, used = at + size, used + count
         for key, chunk in zip(keys, chunks):
             self._place(key, chunk)
         self.stats["bytes stored"] += len(gpu_ids) * self.bs * 8
+
+    def _copy_out(self, gpu_ids: list[int], chunks: list[int], offset: int) -> None:
+        """One group's GPU blocks into its chunks, by kvgate's copy worker. The null block
+        stands where a window never reached (a placeholder, maybe more than once in a job):
+        those sub-blocks are not copied, the others one block at a time."""
+        with _copier_refusals():
+            if 0 not in gpu_ids:
+                self.copy_seq += 1
+                self.copier.submit_store(self.copy_seq, gpu_ids, chunks, offset)
+            else:
+                for t, block in enumerate(gpu_ids):
+                    j, sub = divmod(offset + t, self.bpc)
+                    if block:
+                        self.copy_seq += 1
+                        self.copier.submit_store(self.copy_seq, [block], [chunks[j]], sub)
+            self.copier.get_finished()
 
     def _store_group(self, job_id, req_id, gpu_ids, keys, offset) -> None:
         for t, block in enumerate(gpu_ids):
@@ -326,8 +339,9 @@ class BytesWorker(FakeWorker):
                 return False
         if len(chunks) == -(-(offset + len(gpu_ids)) // self.bpc):
             self.copy_seq += 1  # one copy per group
-            self.copier.submit_load(self.copy_seq, chunks, gpu_ids, offset)
-            self.copier.get_finished()
+            with _copier_refusals():
+                self.copier.submit_load(self.copy_seq, chunks, gpu_ids, offset)
+                self.copier.get_finished()
         tokens = self.tokens_of(req_id)
         if tokens is None:
             return True
@@ -488,6 +502,16 @@ class BytesWorker(FakeWorker):
                     f"chunk {chunk} is ready as {self.checks.name(key)} but holds {self._what(bad)}"
                 )
                 return
+
+
+@contextlib.contextmanager
+def _copier_refusals():
+    """kvgate's copy worker, used here as the harness's own, refusing a transfer is kvgate's
+    error, not vLLM's: raised from this module (spec §9: no verdict, exit 2)."""
+    try:
+        yield
+    except ValueError as exc:
+        raise RuntimeError(f"the bytes worker's copy was refused: {exc}") from exc
 
 
 def _cut(rows: list[list[int]], want: list[list[int]] | None) -> list[list[int]]:
