@@ -233,25 +233,6 @@ def available() -> tuple[Layout, ...]:
     return tuple(layouts)
 
 
-def families(layouts: tuple[Layout, ...]) -> tuple[tuple[Layout, ...], ...]:
-    """``layouts`` grouped by kind, in first-seen order: full attention alone, beside sliding
-    windows, beside a drafter's group, beside a recurrent group. The machine draws a kind, then
-    a layout of it, so that the window's variants do not crowd out the kinds with one layout."""
-    kinds: dict[str, list[Layout]] = {}
-    for layout in layouts:
-        kind = (
-            "recurrent"
-            if layout.recurrent is not None
-            else "eagle"
-            if layout.eagle is not None
-            else "sliding"
-            if layout.sliding
-            else "full"
-        )
-        kinds.setdefault(kind, []).append(layout)
-    return tuple(tuple(group) for group in kinds.values())
-
-
 def sync_loads() -> bool:
     """Whether the connector loads within a step up to a byte budget
     (``sync_load_budget_bytes`` in its extra config)."""

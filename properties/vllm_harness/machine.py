@@ -55,7 +55,7 @@ from ..search.rule_choice import install as install_rule_choice
 from ..targets import Target
 from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
 from .engine import FAULTS, VllmEngine
-from .layouts import FULL_ATTENTION, available, families, offload_key, sync_loads
+from .layouts import FULL_ATTENTION, available, offload_key, sync_loads
 
 __all__ = [
     "DESCRIPTION",
@@ -531,8 +531,7 @@ def make_machine(
     )
     events = st.booleans() if kv_events is None else st.just(kv_events)
     # the release's layouts (full attention first: what a counterexample shrinks to)
-    # (a kind first, then one of its layouts: layouts.families)
-    layouts = st.sampled_from(families(available())).flatmap(st.sampled_from)
+    layouts = st.sampled_from(available())
     # a step's budget for synchronous loads, where the connector has one (0: none)
     sync = st.sampled_from([0, 0, 1 << 30]) if sync_loads() else st.just(0)
     # the prefix cache's retention interval, where the release has one (configs.retentions)
