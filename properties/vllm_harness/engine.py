@@ -12,6 +12,7 @@ from ..adapters import factory_takes
 from .bytes_worker import BYTES_FAULTS, BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
+from .error_log import ERROR_LOG_FAULTS, ErrorLog
 from .event_payload import PAYLOAD_FAULTS, Publisher
 from .exact import EXACT_FAULTS, ExactChecks
 from .fake_worker import FakeWorker
@@ -24,10 +25,13 @@ from .front import (
     spec_config_info,
 )
 from .layouts import offload_key
+from .load_tiers import LOAD_FROM_CPU, LOAD_TIERS
 from .lookup_metrics import LOOKUP_FAULTS, LookupDelays
 
 # Every known-bad variant, one list built from where each is planted (tests of the checks).
-FAULTS = FRONT_FAULTS + BYTES_FAULTS + EXACT_FAULTS + LOOKUP_FAULTS + PAYLOAD_FAULTS
+FAULTS = (
+    FRONT_FAULTS + BYTES_FAULTS + EXACT_FAULTS + LOOKUP_FAULTS + PAYLOAD_FAULTS + ERROR_LOG_FAULTS
+)
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -166,8 +170,12 @@ class VllmEngine:
         self.lookup_delays = LookupDelays(
             self.connector, self.checks, fault if fault in LOOKUP_FAULTS else None
         )
+        self.error_log = ErrorLog(
+            self.connector, self.checks, fault if fault in ERROR_LOG_FAULTS else None
+        )
         self.queue: list[_Batch] = []
         self.requests: dict[str, Any] = {}  # every request added, finished ones too
+        self.transfer_params: dict[str, dict] = {}  # req -> the kv_transfer_params it was sent
         self.steps = 0
         self.engine_clock = True  # the oracle's step is the engine step (a machine sets its own)
         self.counts: Counter[str] = Counter()
@@ -234,16 +242,21 @@ class VllmEngine:
 
     # --- engine events
     def add_request(
-        self, req_id: str, tokens: list[int], max_tokens: int, max_load_tokens: int | None = None
+        self, req_id: str, tokens: list[int], max_tokens: int, max_load: int | str | None = None
     ) -> Any:
-        """``max_load_tokens``: the request's cap on tokens loaded from the CPU tier (its
-        ``kv_transfer_params``, read by the connector where the release has it)."""
+        """``max_load``: the request's cap on tokens loaded from the CPU tier (its
+        ``kv_transfer_params``' ``max_load_tokens``, read by the connector where the release
+        has it), or ``'cpu'``: the tiers it may load from named instead (``LOAD_FROM_CPU``)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
         extra = {}
-        if max_load_tokens is not None:
-            extra["extra_args"] = {"kv_transfer_params": {"max_load_tokens": max_load_tokens}}
+        if isinstance(max_load, int):
+            self.transfer_params[req_id] = {"max_load_tokens": max_load}
+        elif max_load is not None:
+            self.transfer_params[req_id] = {LOAD_TIERS: [dict(e) for e in LOAD_FROM_CPU]}
+        if req_id in self.transfer_params:  # the connector gets a copy: this one is the record
+            extra["extra_args"] = {"kv_transfer_params": dict(self.transfer_params[req_id])}
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra)
         request = Request(
             request_id=req_id,
@@ -305,6 +318,7 @@ class VllmEngine:
                 self.exact.preempted(out.preempted_req_ids)
             self.exact.scheduled(out.num_scheduled_tokens)
             self.exact.lock_free(self.front.held, "after the step's metadata was built")
+            self.error_log.check("by the time the step's metadata was built")
             self.exact.after_schedule(self._unsettled() | _completed(kv_output))
             sampled = {}
             for req_id in out.num_scheduled_tokens:
@@ -338,6 +352,7 @@ class VllmEngine:
         self.checks.reported(batch.stores)
         self.exact.updated(settled=not self.queue)
         self.exact.lock_free(self.front.held, "after the scheduler applied an update")
+        self.error_log.check("by the time the scheduler applied an update")
         self.worker.check_ready(self._ready)
         if self.setup.kv_events:  # with events off, nothing is announced, by design
             self.checks.check_events(self.cfg.external_hash)

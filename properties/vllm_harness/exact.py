@@ -22,7 +22,8 @@
   loaded (the connector's final offer comes in the step after the request ends);
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
-  runs, and each key at the position its chunk ends (where the release's context has these);
+  runs, each key at the position its chunk ends, and the tiers its ``kv_load_tiers`` names
+  (load_tiers.py; where the release's context has these);
 - **reset passed on**: a reset of the connector's cache reaches the manager as exactly one
   ``reset_cache``;
 - **shutdown passed on**: when the scheduler shuts down, a manager that has ``shutdown`` hears
@@ -54,7 +55,7 @@ never reaches the manager), ``info_every_time`` (the tier's configuration asked 
 for every stats payload), ``idle_with_jobs`` (the connector never says it has work pending:
 the engine goes idle with jobs in flight), ``defer_always`` (a lookup with no hit is deferred:
 the request waits for nothing), ``shutdown_lost`` (the connector's shutdown never reaches
-the manager).
+the manager), ``tiers_ignored`` (a request's ``kv_load_tiers`` never read).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from typing import Any
 
 from .checks import Checks
 from .layouts import offload_key
+from .load_tiers import ignore_tiers, told
 
 EXACT_FAULTS = (
     "phantom_hit",
@@ -80,6 +82,7 @@ EXACT_FAULTS = (
     "idle_with_jobs",
     "defer_always",
     "shutdown_lost",
+    "tiers_ignored",
 )
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
@@ -155,6 +158,8 @@ class ExactChecks:
         conn.reset_cache = reset_cache_watched
         if self.fault == "idle_with_jobs" and hasattr(conn, "has_pending_push_work"):
             conn.has_pending_push_work = lambda: False
+        if self.fault == "tiers_ignored":
+            ignore_tiers(conn)
         if self.fault == "shutdown_lost":
             conn.shutdown = lambda: None
         if self.fault == "reset_lost" and hasattr(conn, "_reset_cache"):
@@ -372,6 +377,9 @@ class ExactChecks:
         req_id = str(getattr(ctx, "req_id", ""))
         self.announced.add(req_id)
         self.admitted[req_id] = self.checks.generation
+        wrong = told(ctx, self.engine.transfer_params.get(req_id))
+        if wrong:
+            self.checks.fail(wrong)
 
     def named(self, call: str, ctx: Any) -> None:
         """A manager call with a request's context: the manager must have heard of it."""

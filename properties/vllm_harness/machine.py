@@ -8,7 +8,9 @@ and the target manager behind it, every manager call checked by the lockstep ora
   block contents from a pool of three (``'A'``, ``'B'``, ``'C'``: requests share prefixes), plus
   ``tail`` tokens of a last, partial block; it generates ``max_tokens`` tokens and loads at most
   ``max_load`` tokens from the CPU tier (``None``: no cap; the connector's
-  ``max_load_tokens``); ``repeat=n`` puts the blocks of the ``n``-th latest request's prompt
+  ``max_load_tokens``), or, with ``max_load='cpu'``, loads from the local CPU tier alone (no
+  cap; ``kv_load_tiers`` names that tier, beside an entry naming no medium vLLM knows);
+  ``repeat=n`` puts the blocks of the ``n``-th latest request's prompt
   first (up to 6 blocks in all), so that requests meet prefixes the CPU tier holds;
 - ``step(n)``: ``n`` engine-core steps (schedule, run, update; async keeps two batches);
 - ``deliver(mask)``: the in-flight store and load jobs picked by ``mask`` complete (they are
@@ -68,6 +70,7 @@ __all__ = [
 
 POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
 TAIL_TOKEN = 5
+CPU_ONLY = "cpu"  # a request that names the tiers it loads from (load_tiers.LOAD_FROM_CPU)
 LETTERS: dict[tuple[int, ...], str] = {tokens: letter for letter, tokens in POOL.items()}
 MAX_LIVE = 4
 MAX_BLOCKS = 6  # blocks of a prompt that repeats an earlier one
@@ -254,7 +257,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         blocks=st.text(alphabet="ABC", min_size=1, max_size=4),
         tail=st.integers(0, 1),
         max_tokens=st.integers(1, 4),
-        max_load=st.sampled_from([None, None, None, 0, 2, 4]),
+        max_load=st.sampled_from([None, None, CPU_ONLY, 0, 2, 4]),
         repeat=st.sampled_from([0, 0, 1, 2]),
     )
     def add_request(self, blocks, tail, max_tokens, max_load=None, repeat=0):

@@ -1,0 +1,71 @@
+"""The connector reports an error only when something went wrong (issue 30, item 2).
+
+The connector's scheduler side logs at ERROR level where it recovers from a failure (a
+previous ``schedule()`` raised and left the manager's lock held). Operators alert on such
+lines, so one logged in a run where no engine call raised is a false report: checked after
+every step's metadata and every update (the run ends at the first engine call that raises, so
+every line this watch sees is unexplained).
+
+Known-bad connector (``ERROR_LOG_FAULTS``): ``false_recovery`` (every hook outside the step
+reports recovering a lock no step left held).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any
+
+from .checks import Checks
+
+ERROR_LOG_FAULTS = ("false_recovery",)
+
+
+class _Lines(logging.Handler):
+    """Every ERROR line of one logger, kept for the process (the logger outlives engines)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _lines_of(logger: logging.Logger) -> _Lines:
+    for handler in logger.handlers:
+        if isinstance(handler, _Lines):
+            return handler
+    handler = _Lines()
+    logger.addHandler(handler)
+    return handler
+
+
+class ErrorLog:
+    """Watches the logger of the connector's scheduler module for ERROR lines."""
+
+    def __init__(self, conn: Any, checks: Checks, fault: str | None = None):
+        self.checks = checks
+        logger = getattr(sys.modules.get(type(conn).__module__), "logger", None)
+        self.lines = _lines_of(logger) if isinstance(logger, logging.Logger) else None
+        self.seen = len(self.lines.lines) if self.lines is not None else 0
+        if fault == "false_recovery" and logger is not None and hasattr(conn, "_manager_locked"):
+            locked = conn._manager_locked
+
+            @contextlib.contextmanager
+            def manager_locked():
+                logger.error("manager lock left held by a previous schedule(); releasing it")
+                with locked():
+                    yield
+
+            conn._manager_locked = manager_locked
+
+    def check(self, when: str) -> None:
+        if self.lines is None or len(self.lines.lines) <= self.seen:
+            return
+        line = self.lines.lines[self.seen]
+        self.seen = len(self.lines.lines)
+        self.checks.fail(
+            f"the connector logged an error {when}, where no engine call failed: {line!r}"
+        )

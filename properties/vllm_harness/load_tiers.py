@@ -1,0 +1,100 @@
+"""The tiers a request may load from, as the connector tells its manager (issue 30, item 2).
+
+A request names them in its ``kv_transfer_params`` under ``kv_load_tiers``: a list of entries,
+each naming a medium (``cpu``, ``storage``), a locality (``local``, ``remote``) or both, any
+case; an entry leaves out what it does not name. The connector hands the manager a context
+whose ``load_tier_filter`` allows a tier exactly when some well-formed entry names it. Entries
+that are not a mapping or name a medium or locality the release does not know are skipped;
+what a list with no well-formed entry means (every tier, or none) is the release's fallback,
+and is not judged here.
+
+Known-bad connector: ``tiers_ignored`` (the request's ``kv_load_tiers`` never read: every tier
+allowed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LOAD_TIERS = "kv_load_tiers"  # the key of kv_transfer_params
+# What a machine's request with max_load='cpu' names: the local CPU tier, beside an entry for
+# a medium no release knows (skipped).
+LOAD_FROM_CPU = ({"medium": "cpu", "locality": "local"}, {"medium": "tape"})
+
+
+def _named(entry: dict, field: str, kinds: Any) -> Any:
+    """The member of ``kinds`` an entry names for ``field``; None where it names none;
+    ``False`` where it names one the release does not know."""
+    raw = entry.get(field)
+    if raw is None:
+        return None
+    return next((k for k in kinds if isinstance(raw, str) and raw.upper() == k.value), False)
+
+
+def allowed(asked: Any) -> set[tuple[Any, Any]] | None:
+    """The (medium, locality) pairs a request's ``kv_load_tiers`` allows; None where the
+    request names no well-formed entry (nothing to judge)."""
+    from vllm.v1.kv_offload.base import Locality, Medium
+
+    if not isinstance(asked, list):
+        return None
+    entries = []
+    for entry in asked:
+        if not isinstance(entry, dict):
+            continue
+        medium = _named(entry, "medium", Medium)
+        locality = _named(entry, "locality", Locality)
+        if medium is not False and locality is not False:
+            entries.append((medium, locality))
+    if not entries:
+        return None
+    return {
+        (m, loc)
+        for m in Medium
+        for loc in Locality
+        if any(em in (None, m) and el in (None, loc) for em, el in entries)
+    }
+
+
+def told(ctx: Any, params: dict | None) -> str | None:
+    """What is wrong with the tiers the manager's context allows a request whose client sent
+    ``params`` as its ``kv_transfer_params``; None if nothing (or the release's context
+    carries no tier filter)."""
+    chosen = getattr(ctx, "load_tier_filter", None)
+    if chosen is None:
+        return None
+    asked = (params or {}).get(LOAD_TIERS)
+    want = allowed(asked)
+    if want is None:
+        return None
+    from vllm.v1.kv_offload.base import Locality, Medium
+
+    got = {(m, loc) for m in Medium for loc in Locality if chosen.allows(m, loc)}
+    if got == want:
+        return None
+
+    def names(pairs: set) -> str:
+        return ", ".join(sorted(f"{m.value.lower()}/{loc.value.lower()}" for m, loc in pairs))
+
+    return (
+        f"the manager's context of {ctx.req_id} lets it load from {names(got) or 'no tier'}; "
+        f"the request's {LOAD_TIERS} {asked!r} names {names(want)}"
+    )
+
+
+def ignore_tiers(conn: Any) -> None:
+    """Plant ``tiers_ignored``: the connector builds the context as if the request named no
+    tiers."""
+    new_request = conn.on_new_request
+
+    def on_new_request(request):
+        params = request.kv_transfer_params
+        if params and LOAD_TIERS in params:
+            request.kv_transfer_params = {k: v for k, v in params.items() if k != LOAD_TIERS}
+            try:
+                return new_request(request)
+            finally:
+                request.kv_transfer_params = params
+        return new_request(request)
+
+    conn.on_new_request = on_new_request
