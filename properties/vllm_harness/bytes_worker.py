@@ -295,10 +295,10 @@ class BytesWorker(FakeWorker):
             got = self.gpu[block].tolist()[: len(want[s])]
             if got != want[s]:
                 bad = got[-1]  # the word that names the block's whole prefix
+                why = "it was reused before the copy ran" if bad else "nothing wrote it"
                 self.checks.fail(
                     f"store job {job_id} ({req_id}) read GPU block {block} for chunk "
-                    f"{self.checks.name(key)}, but the block holds {self._what(bad)}: it "
-                    "was reused before the copy ran"
+                    f"{self.checks.name(key)}, but the block holds {self._what(bad)}: {why}"
                 )
                 return
 

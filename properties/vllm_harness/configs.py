@@ -84,6 +84,9 @@ class Setup:
             object.__setattr__(self, "hash_tokens", self.block_size)
             object.__setattr__(self, "block_size", 2 * self.block_size)
             object.__setattr__(self, "blocks_per_chunk", 1)
+            # the same GPU memory in blocks twice as long: half as many (and so reused as
+            # often as the other layouts' blocks are)
+            object.__setattr__(self, "gpu_blocks", self.gpu_blocks // 2)
 
     @property
     def hash_size(self) -> int:
