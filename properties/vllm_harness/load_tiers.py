@@ -31,6 +31,13 @@ def _named(entry: dict, field: str, kinds: Any) -> Any:
     return next((k for k in kinds if isinstance(raw, str) and raw.upper() == k.value), False)
 
 
+def _tiers(allows: Any) -> set[tuple[Any, Any]]:
+    """Every (medium, locality) pair the release knows for which ``allows(medium, locality)``."""
+    from vllm.v1.kv_offload.base import Locality, Medium
+
+    return {(m, loc) for m in Medium for loc in Locality if allows(m, loc)}
+
+
 def allowed(asked: Any) -> set[tuple[Any, Any]] | None:
     """The (medium, locality) pairs a request's ``kv_load_tiers`` allows; None where the
     request names no well-formed entry (nothing to judge)."""
@@ -48,12 +55,7 @@ def allowed(asked: Any) -> set[tuple[Any, Any]] | None:
             entries.append((medium, locality))
     if not entries:
         return None
-    return {
-        (m, loc)
-        for m in Medium
-        for loc in Locality
-        if any(em in (None, m) and el in (None, loc) for em, el in entries)
-    }
+    return _tiers(lambda m, loc: any(em in (None, m) and el in (None, loc) for em, el in entries))
 
 
 def told(ctx: Any, params: dict | None) -> str | None:
@@ -67,9 +69,7 @@ def told(ctx: Any, params: dict | None) -> str | None:
     want = allowed(asked)
     if want is None:
         return None
-    from vllm.v1.kv_offload.base import Locality, Medium
-
-    got = {(m, loc) for m in Medium for loc in Locality if chosen.allows(m, loc)}
+    got = _tiers(chosen.allows)
     if got == want:
         return None
 
