@@ -77,7 +77,7 @@ FAULTS = {
     "store_failure_ignored": " is ready as ",
     # the bytes worker (properties/vllm_harness/bytes_worker.py)
     "ignore_flush": "was reused before the copy ran",
-    "load_wrong_chunk": "but it holds",
+    "load_wrong_chunk": "but its block",
     "load_one_group": " of group 1 (tokens ",
     "skip_block_copies": " computes with GPU block ",
     # the connector's scheduler side, exactly (properties/vllm_harness/exact.py)

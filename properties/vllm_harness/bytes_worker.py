@@ -331,10 +331,12 @@ class BytesWorker(FakeWorker):
             got = _cut(self.cpu[chunk * self.bpc : (chunk + 1) * self.bpc].tolist(), want)
             skip = offset if i == 0 else 0  # sub-blocks the load does not read
             if want is not None and got[skip:] != want[skip:]:
-                bad = [w for w in got if w][-1][-1]  # the last word: the chunk's whole prefix
+                b = next(b for b in range(skip, len(want)) if got[b] != want[b])
+                j = next(j for j, (w, x) in enumerate(zip(got[b], want[b])) if w != x)
                 self.checks.fail(
                     f"load job {job_id} ({req_id}) read chunk {chunk} for "
-                    f"{self.checks.name(key)}, but it holds {self._what(bad)}"
+                    f"{self.checks.name(key)}, but its block {b} holds {self._what(got[b][j])} "
+                    f"where {self._what(want[b][j])} belongs"
                 )
                 return False
         if len(chunks) == -(-(offset + len(gpu_ids)) // self.bpc):

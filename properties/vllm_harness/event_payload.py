@@ -61,8 +61,11 @@ class Publisher:
         if not self.described(group):
             return event
         hashes = list(getattr(event, "block_hashes", ()))
-        # each chunk's last block's hash; a last chunk cut short (a partial tail) ends the event
-        per = self.bpc
+        # each chunk's last block's hash; a last chunk cut short (a partial tail) ends the event.
+        # An event may count its blocks finer than the GPU's (one per block hash, as a partial
+        # tail's does beside a recurrent group): its ``block_size`` says how many tokens each has
+        size = getattr(event, "block_size", None)
+        per = self.chunk_tokens // size if size and self.chunk_tokens % size == 0 else self.bpc
         keys = hashes[per - 1 :: per] + (hashes[-1:] if len(hashes) % per else [])
         if type(event).__name__ == "BlockStored":
             self._payload(event, keys, group)
