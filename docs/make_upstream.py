@@ -59,7 +59,14 @@ ARGUMENTS = {
     "that were handed to another request: the CPU tier holds other KV under their keys "
     "(`docs/repro/vllm_window_reset_store.py` below). The vLLM scheduler machine draws no "
     "such reset on a sliding-window layout, so that this defect does not hide the others."
-    " A third, found by the bytes worker on a layout the machine does not yet draw (a window of 4 tokens keeping 2 below it, 2 blocks a chunk) and shared by 0.33.0 and 0.34.0: the connector widens a window's store mask by the kept tokens and stores a window chunk whose first block is the null block (a GPU prefix-cache hit left it out of the request's window), and a later request whose hit ends at that chunk loads the unwritten block into the window it attends to (`docs/repro/vllm_window_kept_tokens_load.py` below). Storing a window chunk whole or not at all puts it right; drawing the layout waits on that mend in the mended targets.",
+    " A third, found by the bytes worker on a layout the machine does not yet draw (a window "
+    "of 4 tokens keeping 2 below it, 2 blocks a chunk) and shared by 0.33.0 and 0.34.0: the "
+    "connector widens a window's store mask by the kept tokens and stores a window chunk "
+    "whose first block is the null block (a GPU prefix-cache hit left it out of the request's"
+    " window), and a later request whose hit ends at that chunk loads the unwritten block "
+    "into the window it attends to (`docs/repro/vllm_window_kept_tokens_load.py` below). "
+    "Storing a window chunk whole or not at all puts it right; drawing the layout waits on "
+    "that mend in the mended targets.",
 }
 
 
