@@ -39,7 +39,10 @@ ARGUMENTS = {
     "client's reset fails. 0.34.0's connector documents the case (a previous reset's flush set "
     "may still be pending; the new ids are merged into it), so upstream's own design says the "
     "second reset must succeed (`docs/repro/vllm_0_33_0_reset_twice.py` below). The mended "
-    "0.33.0 target (tests/upstream_patches.py) carries that merge beside the counting fix.",
+    "0.33.0 target (tests/upstream_patches.py) carries that merge beside the counting fix, "
+    "and the mends of the defects it shares with 0.34.0 (argued there): the window chunk "
+    "stored with its first block unwritten, the recurrent group's hit counted a block short "
+    "and the drafter's key offered twice in a step.",
     "0.34.0": "The seed's fix is in (`counted_keys` in the per-request record), and where our "
     "first spec guessed differently (a key the tracker dropped enters again with "
     "count 1, also for a request that counted it before) upstream's choice is safe, "
@@ -65,8 +68,27 @@ ARGUMENTS = {
     "whose first block is the null block (a GPU prefix-cache hit left it out of the request's"
     " window), and a later request whose hit ends at that chunk loads the unwritten block "
     "into the window it attends to (`docs/repro/vllm_window_kept_tokens_load.py` below). "
-    "Storing a window chunk whole or not at all puts it right; drawing the layout waits on "
-    "that mend in the mended targets.",
+    "Storing a window chunk whole or not at all puts it right, and the mended targets carry "
+    "that mend (tests/upstream_patches.py, `whole_window_chunks`), so the machine now draws "
+    "the layout. A fourth, found on the hybrid (Mamba) layout and shared by 0.33.0 and 0.34.0, "
+    "is in the GPU block accounting the connector's hits feed: `allocate_slots` documents that "
+    "it answers `None` when the free blocks do not cover a request, and a request admitted "
+    "with tokens the connector loads, holding no block of the recurrent group yet, is counted "
+    "one state block (the group's count reserves one block where the allocation takes one "
+    "for the loaded state and one for the running state), so with the pool's free blocks "
+    'exactly the count the step raises "Cannot get 1 free blocks from the pool" and the '
+    "engine ends (`docs/repro/vllm_recurrent_hit_block_count.py` below). A pool that just "
+    "holds its longest request is the usual sizing, so a long prompt's CPU hit meets it. The "
+    "mended targets reserve the loaded state's block too (`external_state_counted`). A "
+    "fifth, on a drafter's (EAGLE) group beside a recurrent group, shared too: the partial "
+    "tail's store job keys the drafter's group at the boundary plus the drafter's proof "
+    "margin, which can be the end of a whole chunk that the same step's whole-chunk store job "
+    "names, so one request offers that key twice in one step "
+    "(`docs/repro/vllm_drafter_tail_offered_twice.py` below). The seed's claim is that a "
+    "request's own repeated offers must not count, and the connector's design skips "
+    "aligned-boundary keys that a whole-chunk job stores; a manager that counts every offer "
+    "(0.33.0's) counts the request twice. The mended targets leave out of a request's later "
+    "offers in a step a key it had accepted earlier in that step (`one_offer_a_step`).",
 }
 
 

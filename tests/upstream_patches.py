@@ -56,8 +56,113 @@ def _record_of(manager, req_context, kind):
     return record
 
 
+def whole_window_chunks(connector) -> None:
+    """The mend of the window defect both releases share (docs/upstream.md, "a window chunk
+    stored with its first block unwritten"): on a sliding-window group the store mask names a
+    chunk's blocks all or none, so a chunk whose window reaches only its later blocks is
+    refused by the connector's own rule (a masked-in null block is not stored) instead of
+    stored with its first block unwritten and later loaded whole."""
+    reachable = connector._reachable_store_block_mask
+    per = connector.config.blocks_per_chunk
+
+    def whole(group_config, *args, **kwargs):
+        mask = reachable(group_config, *args, **kwargs)
+        if mask is None or group_config.sliding_window_size_in_chunks is None:
+            return mask
+        chunks = [any(mask[i : i + per]) for i in range(0, len(mask), per)]
+        return [chunk for chunk in chunks for _ in range(per)][: len(mask)]
+
+    connector._reachable_store_block_mask = whole
+
+
+def one_offer_a_step(connector) -> None:
+    """The mend of the double offer both releases share (docs/upstream.md, "one key offered
+    twice in a step"): beside a recurrent group, a drafter's partial-tail store job and the
+    whole-chunk store jobs of the same step can name the same key, and the connector offers
+    it to the manager twice for one request. While a step's metadata is built, a key this
+    request's offer had accepted earlier in the step is left out of its later offers (as a
+    manager leaves out a key it already holds)."""
+    build = connector.build_connector_meta
+
+    def build_connector_meta(scheduler_output):
+        manager = connector.manager
+        accepted: dict[str, set] = {}
+
+        class _OncePerStep:
+            def __getattr__(self, name):
+                return getattr(manager, name)
+
+            def prepare_store(self, keys, req_context):
+                done = accepted.setdefault(req_context.req_id, set())
+                keys = [k for k in keys if k not in done]
+                out = manager.prepare_store(keys, req_context)
+                if out is not None:
+                    done.update(keys)
+                return out
+
+        connector.manager = _OncePerStep()
+        try:
+            return build(scheduler_output)
+        finally:
+            connector.manager = manager
+
+    connector.build_connector_meta = build_connector_meta
+
+
+def shared_mends(connector) -> None:
+    """The mends of the connector defects 0.33.0 and 0.34.0 share."""
+    whole_window_chunks(connector)
+    one_offer_a_step(connector)
+
+
+def external_state_counted(scheduler) -> None:
+    """The mend of the recurrent-group count both releases share (docs/upstream.md, "a
+    connector hit on a recurrent group counted one block short"): in ``align`` mode a request
+    admitted with tokens the connector loads, holding no block of the group yet, takes a block
+    for the loaded state and one for its running state, where the group's count reserves one;
+    so ``allocate_slots`` raised on the pool's last block instead of answering ``None``. The
+    count reserves the loaded state's block too."""
+    coordinator = scheduler.kv_cache_manager.coordinator
+    for manager in coordinator.single_type_managers:
+        if getattr(manager, "mamba_cache_mode", None) != "align":
+            continue
+        count = manager.get_num_blocks_to_allocate
+
+        def counted(
+            request_id,
+            num_tokens,
+            new_computed_blocks,
+            total_computed_tokens,
+            num_local_computed_tokens,
+            *args,
+            _count=count,
+            _manager=manager,
+            **kwargs,
+        ):
+            need = _count(
+                request_id,
+                num_tokens,
+                new_computed_blocks,
+                total_computed_tokens,
+                num_local_computed_tokens,
+                *args,
+                **kwargs,
+            )
+            loaded = total_computed_tokens > num_local_computed_tokens
+            fresh = not _manager.req_to_blocks.get(request_id)
+            if loaded and fresh and need <= _manager.block_pool.num_gpu_blocks:
+                need += 1
+            return need
+
+        manager.get_num_blocks_to_allocate = counted
+
+
 class SkipCountedOnce(CPUOffloadingManager):
-    """vLLM's CPU manager, counting each request's first skip of a key (spec A5)."""
+    """vLLM's CPU manager, counting each request's first skip of a key (spec A5); it carries
+    the mend of the window defect both releases share beside it (``mend_connector``)."""
+
+    mend_connector = staticmethod(shared_mends)
+    mend_scheduler = staticmethod(external_state_counted)
 
     def _skipped_by(self, req_context) -> _SkippedByRequest:
         return _record_of(self, req_context, _SkippedByRequest)
@@ -104,10 +209,12 @@ class CountedOncePerRequest(CPUOffloadingManager):
     counting stays visible (the mutation suite over 0.33.0 relies on that).
 
     For 0.33.0 only: 0.34.0 already carries the counting fix (use ``SkipCountedOnce`` there).
-    It carries 0.34.0's other fix to the connector beside it (``mend_connector``).
+    It carries 0.34.0's other fix to the connector beside it, and the mend of the window
+    defect both releases share (``mend_connector``).
     """
 
     _current: _OffersByRequest | None = None
+    mend_scheduler = staticmethod(external_state_counted)
 
     @staticmethod
     def mend_connector(connector) -> None:
@@ -115,6 +222,7 @@ class CountedOncePerRequest(CPUOffloadingManager):
         were in flight at the first (``reset_cache`` asserts that no flush is pending, and the
         first reset left its flush set for the next step to deliver); 0.34.0 merges the new
         flush set into the pending one. Put back the same way."""
+        shared_mends(connector)
         reset = connector.reset_cache
 
         def reset_cache():

@@ -6,16 +6,16 @@ names, and a load never delivers other KV).
 
 Through vLLM's own Scheduler and OffloadingConnector (kvgate's engine: a worker that moves
 bytes, each GPU block's content a hash of its token prefix), with full attention beside a
-window of 4 tokens keeping 2 below it, 2 tokens a block and 2 blocks a chunk, store_threshold=2,
-3 CPU chunks, synchronous loads, the release as it is. r1 sends an 8-token prompt; r2 sends
-it with 2 more tokens and hits r1's 8 tokens in the GPU prefix cache, which gives r2's window
-group only the blocks the window of token 8 reaches (tokens 5 to 8, and the 2 kept below: from
-token 3), so the null block stands in place of its first block. r2's offer admits its chunks,
-and the connector stores the window group's first chunk: the store mask, widened by the 2
-kept tokens, names the chunk's second block, and the null first block is left unwritten. r3
-sends the first 6 tokens; its hit ends at token 4, whose window (tokens 1 to 4) needs the
-first block, and the connector loads the whole chunk into r3's window. Exit 1 when the worker
-reports that load.
+window of 4 tokens keeping 2 below it, 2 tokens a block and 2 blocks a chunk,
+store_threshold=2, 3 CPU chunks, synchronous loads, the release as it is (or the target named
+as the first argument). r1 sends an 8-token prompt; r2 sends it with 2 more tokens and hits
+r1's 8 tokens in the GPU prefix cache, which gives r2's window group only the blocks the window
+of token 8 reaches (tokens 5 to 8, and the 2 kept below: from token 3), so the null block
+stands in place of its first block. r2's offer admits its chunks, and the connector stores the
+window group's first chunk: the store mask, widened by the 2 kept tokens, names the chunk's
+second block, and the null first block is left unwritten. r3 sends the first 6 tokens; its hit
+ends at token 4, whose window (tokens 1 to 4) needs the first block, and the connector loads
+the whole chunk into r3's window. Exit 1 when the worker reports that load.
 """
 
 import sys
@@ -27,6 +27,8 @@ from kvgate.properties.targets import resolve_target
 from kvgate.properties.vllm_harness import configs, engine
 from kvgate.properties.vllm_harness.layouts import Layout
 
+TARGET = sys.argv[1] if len(sys.argv) > 1 else "vllm"  # the release as it is, or a mended one
+
 setup = configs.Setup(
     num_chunks=3,
     store_threshold=2,
@@ -36,7 +38,7 @@ setup = configs.Setup(
     layout=Layout((None, 4), extra=2),  # full attention beside a window of 4 keeping 2
     sync_load_budget=1 << 30,
 )
-run = engine.VllmEngine(setup, resolve_target("vllm"))
+run = engine.VllmEngine(setup, resolve_target(TARGET))
 prompt = [3, 3, 3, 3, 1, 1, 1, 1]
 run.add_request("r1", prompt, 1)
 run.step()

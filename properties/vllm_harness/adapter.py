@@ -574,8 +574,10 @@ def vllm_factory(
             logging.disable(logging.NOTSET)
 
     factory.__name__ = getattr(cls, "__name__", "factory")
-    # a patched class may carry its fix to the connector beside it (engine.py applies it)
+    # a patched class may carry its fixes to the connector and the scheduler beside it
+    # (engine.py applies them)
     factory.mend_connector = getattr(cls, "mend_connector", None)  # type: ignore[attr-defined]
+    factory.mend_scheduler = getattr(cls, "mend_scheduler", None)  # type: ignore[attr-defined]
     factory.TAKES = frozenset(  # type: ignore[attr-defined]
         n
         for n, p in (("policy_by_path", "cache_policy_module_path"), ("info", "info"))

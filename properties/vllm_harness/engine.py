@@ -110,10 +110,13 @@ class VllmEngine:
         )
         connector = self.sched.connector
         self.connector = getattr(connector, "connector_scheduler", None) or connector.scheduler
-        # a patched target may carry its fix to the connector beside its manager
-        mend = getattr(getattr(target, "factory", None), "mend_connector", None)
-        if mend is not None:
-            mend(self.connector)
+        # a patched target may carry its fixes to the connector and the scheduler beside its
+        # manager
+        factory_of = getattr(target, "factory", None)
+        for name, part in (("mend_connector", self.connector), ("mend_scheduler", self.sched)):
+            mend = getattr(factory_of, name, None)
+            if mend is not None:
+                mend(part)
         real = self.connector.manager
         factory = manager_factory(target)
         # what the spec told the manager it built

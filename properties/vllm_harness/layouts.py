@@ -222,7 +222,7 @@ def available() -> tuple[Layout, ...]:
         layouts += [Layout((None, 3)), Layout((None, 4)), Layout((None, 5))]
         fields = {f.name for f in dataclasses.fields(spec)}
         if "extra_retained_tokens" in fields:
-            layouts.append(Layout((None, 3), extra=2))
+            layouts += [Layout((None, 3), extra=2), Layout((None, 4), extra=2)]
     if "supports_partial_tail" in getattr(
         getattr(scheduler, "SchedulerOffloadConfig", None), "_fields", ()
     ) and hasattr(scheduler, "resolve_mamba_align_size"):
@@ -230,6 +230,9 @@ def available() -> tuple[Layout, ...]:
     groups = {f.name for f in dataclasses.fields(kv_cache_interface.KVCacheGroupSpec)}
     if "is_eagle_group" in groups and "is_eagle_group" in getattr(group, "_fields", ()):
         layouts.append(Layout((None, None), eagle=1))
+        if any(layout.recurrent is not None for layout in layouts):
+            # a drafter beside a recurrent group: the drafter's partial tails
+            layouts.append(Layout((None, None), eagle=0, recurrent=1))
     return tuple(layouts)
 
 
