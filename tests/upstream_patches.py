@@ -77,36 +77,43 @@ def whole_window_chunks(connector) -> None:
 
 def one_offer_a_step(connector) -> None:
     """The mend of the double offer both releases share (docs/upstream.md, "one key offered
-    twice in a step"): beside a recurrent group, a drafter's partial-tail store job and the
-    whole-chunk store jobs of the same step can name the same key, and the connector offers
-    it to the manager twice for one request. While a step's metadata is built, a key this
-    request's offer had accepted earlier in the step is left out of its later offers (as a
-    manager leaves out a key it already holds)."""
-    build = connector.build_connector_meta
+    twice in a step"): beside a recurrent group, a drafter's partial-tail key can be the key of
+    a whole chunk, and the step's whole-chunk store jobs, built after the partial tails',
+    offer it again for the same request. The whole-chunk jobs leave out the keys the
+    request's partial-tail jobs had accepted earlier in the step (as a manager leaves out a
+    key it already holds); the partial tails' own jobs are left as they are."""
+    partial, whole = connector._build_partial_tail_store_jobs, connector._build_store_jobs
+    accepted: dict[str, set] = {}
 
-    def build_connector_meta(scheduler_output):
-        manager = connector.manager
-        accepted: dict[str, set] = {}
+    def offering(build, record: bool):
+        def built(scheduler_output):
+            manager = connector.manager
 
-        class _OncePerStep:
-            def __getattr__(self, name):
-                return getattr(manager, name)
+            class _Once:
+                def __getattr__(self, name):
+                    return getattr(manager, name)
 
-            def prepare_store(self, keys, req_context):
-                done = accepted.setdefault(req_context.req_id, set())
-                keys = [k for k in keys if k not in done]
-                out = manager.prepare_store(keys, req_context)
-                if out is not None:
-                    done.update(keys)
-                return out
+                def prepare_store(self, keys, req_context):
+                    done = accepted.setdefault(req_context.req_id, set())
+                    if not record:
+                        keys = [k for k in keys if k not in done]
+                    out = manager.prepare_store(keys, req_context)
+                    if record and out is not None:
+                        done.update(keys)
+                    return out
 
-        connector.manager = _OncePerStep()
-        try:
-            return build(scheduler_output)
-        finally:
-            connector.manager = manager
+            if record:
+                accepted.clear()  # a new step's metadata
+            connector.manager = _Once()
+            try:
+                return build(scheduler_output)
+            finally:
+                connector.manager = manager
 
-    connector.build_connector_meta = build_connector_meta
+        return built
+
+    connector._build_partial_tail_store_jobs = offering(partial, record=True)
+    connector._build_store_jobs = offering(whole, record=False)
 
 
 def shared_mends(connector) -> None:

@@ -12,6 +12,8 @@ and the target manager behind it, every manager call checked by the lockstep ora
   cap; ``kv_load_tiers`` names that tier, beside an entry naming no medium vLLM knows);
   ``repeat=n`` puts the blocks of the ``n``-th latest request's prompt
   first (up to 6 blocks in all), so that requests meet prefixes the CPU tier holds;
+  ``repeat=-1`` sends the latest prompt again as it was (``blocks`` unused; ``tail`` drawn),
+  the commonest hit there is;
 - ``step(n)``: ``n`` engine-core steps (schedule, run, update; async keeps two batches);
 - ``deliver(mask)``: the in-flight store and load jobs picked by ``mask`` complete (they are
   reported in the next step's output); jobs not picked stay in flight;
@@ -258,13 +260,15 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         tail=st.integers(0, 1),
         max_tokens=st.integers(1, 4),
         max_load=st.sampled_from([None, None, CPU_ONLY, 0, 2, 4]),
-        repeat=st.sampled_from([0, 0, 1, 2]),
+        repeat=st.sampled_from([0, 0, 1, 2, -1]),
     )
     def add_request(self, blocks, tail, max_tokens, max_load=None, repeat=0):
         self._next_rule()
         self.next_id += 1
         req_id = f"r{self.next_id}"
-        if repeat and len(self.prompts) >= repeat:  # an earlier prompt's blocks come first
+        if repeat < 0 and self.prompts:  # the latest prompt again, as it was
+            blocks = self.prompts[-1]
+        elif repeat > 0 and len(self.prompts) >= repeat:  # an earlier prompt's blocks first
             blocks = (self.prompts[-repeat] + blocks)[:MAX_BLOCKS]
         self.prompts.append(blocks)
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
