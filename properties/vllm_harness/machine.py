@@ -504,6 +504,18 @@ SETUP: dict[str, st.SearchStrategy[Any]] = dict(
 )
 
 
+def _by_family(layouts) -> st.SearchStrategy:
+    """A layout drawn family first (one full-attention group; sliding windows; a drafter's
+    group; a recurrent group), then one of the family's: each family gets its share of a
+    budget however many variants it has (full attention first: what a counterexample shrinks
+    to)."""
+    families: dict[tuple, list] = {}
+    for layout in layouts:
+        family = (layout.recurrent is not None, layout.eagle is not None, layout.sliding)
+        families.setdefault(family, []).append(layout)
+    return st.sampled_from(list(families.values())).flatmap(st.sampled_from)
+
+
 def make_machine(
     target: Target,
     *,
@@ -538,7 +550,7 @@ def make_machine(
     )
     events = st.booleans() if kv_events is None else st.just(kv_events)
     # the release's layouts (full attention first: what a counterexample shrinks to)
-    layouts = st.sampled_from(available())
+    layouts = _by_family(available())
     # a step's budget for synchronous loads, where the connector has one (0: none)
     sync = st.sampled_from([0, 0, 1 << 30]) if sync_loads() else st.just(0)
     # the prefix cache's retention interval, where the release has one (configs.retentions)
