@@ -278,10 +278,20 @@ class VllmEngine:
         self.sched.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
 
     def reset(self, running_too: bool = False) -> bool:
-        """The path vLLM's ``reset_prefix_cache(reset_connector=True)`` takes."""
-        return bool(
-            self.sched.reset_prefix_cache(reset_running_requests=running_too, reset_connector=True)
-        )
+        """The path vLLM's ``reset_prefix_cache(reset_connector=True)`` takes. With
+        ``running_too`` vLLM preempts the running requests before it resets, and keeps them
+        preempted when it then refuses the reset (it raises): the checks hear of those
+        preemptions either way (a preempted request offers its chunks again)."""
+        running = [r.request_id for r in self.sched.running] if running_too else []
+        try:
+            return bool(
+                self.sched.reset_prefix_cache(
+                    reset_running_requests=running_too, reset_connector=True
+                )
+            )
+        finally:
+            left = {r.request_id for r in self.sched.running}
+            self.exact.preempted([r for r in running if r not in left])
 
     def shutdown(self) -> None:
         """The engine stops: vLLM's scheduler shuts its connector down (spec §7.1)."""
