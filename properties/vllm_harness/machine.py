@@ -504,6 +504,24 @@ SETUP: dict[str, st.SearchStrategy[Any]] = dict(
 )
 
 
+def drawn_layouts(target: Target) -> tuple:
+    """The layouts drawn for ``target``: every one the release has (layouts.available) for a
+    target that carries the release's connector mends (tests/upstream_patches.py), and for the
+    release as it is all but the two whose known connector defects (docs/upstream.md: the
+    window of 4 keeping 2, a chunk stored with its first block unwritten; a drafter beside a
+    recurrent group, a key offered twice in a step) would hide the others, as the reset that
+    leaves a window's requests running is drawn apart."""
+    layouts = available()
+    if getattr(getattr(target, "factory", None), "mend_connector", None) is not None:
+        return layouts
+    return tuple(
+        layout
+        for layout in layouts
+        if not (layout.eagle is not None and layout.recurrent is not None)
+        and not (layout.extra and 4 in layout.windows)
+    )
+
+
 def _by_family(layouts) -> st.SearchStrategy:
     """A layout drawn family first (one full-attention group; sliding windows; a drafter's
     group; a recurrent group), then one of the family's: each family gets its share of a
@@ -550,7 +568,7 @@ def make_machine(
     )
     events = st.booleans() if kv_events is None else st.just(kv_events)
     # the release's layouts (full attention first: what a counterexample shrinks to)
-    layouts = _by_family(available())
+    layouts = _by_family(drawn_layouts(target))
     # a step's budget for synchronous loads, where the connector has one (0: none)
     sync = st.sampled_from([0, 0, 1 << 30]) if sync_loads() else st.just(0)
     # the prefix cache's retention interval, where the release has one (configs.retentions)
