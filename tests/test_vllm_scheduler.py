@@ -236,33 +236,51 @@ def test_0_34_0_stores_blocks_its_window_freed_after_a_reset():
 
 
 REPRO = Path(__file__).resolve().parents[1] / "docs" / "repro"
+SHARED = (
+    "vllm_window_kept_tokens_load.py",
+    "vllm_recurrent_hit_block_count.py",
+    "vllm_drafter_tail_offered_twice.py",
+)
+# Each script run as its own ``__main__`` in one process (vLLM imported once): its exit code
+# and last line, on the release as it is and on the mended target.
+SHARED_PROBE = """
+import contextlib, io, json, runpy, sys
+out = {{}}
+for script in {scripts!r}:
+    for target in ("vllm", {mended!r}):
+        sys.argv = [script, target]
+        printed = io.StringIO()
+        code = 0
+        with contextlib.redirect_stdout(printed):
+            try:
+                runpy.run_path(script, run_name="__main__")
+            except SystemExit as exc:
+                code = exc.code or 0
+        lines = printed.getvalue().strip().splitlines()
+        out[script.rsplit("/", 1)[-1] + " " + target] = [code, lines[-1] if lines else ""]
+print(json.dumps(out))
+"""
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("version", releases())
-@pytest.mark.parametrize(
-    "script",
-    [
-        "vllm_window_kept_tokens_load.py",
-        "vllm_recurrent_hit_block_count.py",
-        "vllm_drafter_tail_offered_twice.py",
-    ],
-)
-def test_the_defects_both_releases_share_fail_them_and_pass_their_mends(version, script):
+def test_the_defects_both_releases_share_fail_them_and_pass_their_mends(version):
     """Three defects of 0.33.0 and 0.34.0 (docs/upstream.md): a window chunk stored with its
     first block unwritten and loaded whole later; a connector hit beside a recurrent group
     counted a block short, so the scheduler raises on the pool's last block; a drafter's key
-    offered twice in one step beside a recurrent group. Each plain
-    reproduction exits 1 on the release as it is and 0 on the mended target, whose mends
-    (tests/upstream_patches.py) the mutation suites run behind."""
+    offered twice in one step beside a recurrent group. Each plain reproduction exits 1 on the
+    release as it is and 0 on the mended target, whose mends (tests/upstream_patches.py) the
+    mutation suites run behind."""
     if version not in MENDED:
         pytest.skip(f"{version} has no mended target")
-    plain = run_in(version, str(REPRO / script))
-    assert plain.returncode == 1, plain.stdout + plain.stderr
-    mended = run_in(version, str(REPRO / script), MENDED[version])
-    assert mended.returncode == 0, mended.stdout + mended.stderr
-    for sign in ("raised", "holds nothing", "again"):
-        assert sign not in mended.stdout, mended.stdout
+    scripts = [str(REPRO / name) for name in SHARED]
+    got = probe(version, SHARED_PROBE.format(scripts=scripts, mended=MENDED[version]))
+    for name in SHARED:
+        plain, mended = got[f"{name} vllm"], got[f"{name} {MENDED[version]}"]
+        assert plain[0] == 1, (name, plain)
+        assert mended[0] == 0, (name, mended)
+        for sign in ("raised", "holds nothing", "again"):
+            assert sign not in mended[1], (name, mended)
 
 
 RESET_TWICE_PROBE = """
