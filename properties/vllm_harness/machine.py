@@ -59,7 +59,7 @@ from ..search.rule_choice import install as install_rule_choice
 from ..targets import Target
 from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
 from .engine import FAULTS, VllmEngine
-from .layouts import FULL_ATTENTION, available, offload_key, sync_loads
+from .layouts import FULL_ATTENTION, NEEDS_MENDS, available, offload_key, sync_loads
 
 __all__ = [
     "DESCRIPTION",
@@ -514,12 +514,7 @@ def drawn_layouts(target: Target) -> tuple:
     layouts = available()
     if getattr(getattr(target, "factory", None), "mend_connector", None) is not None:
         return layouts
-    return tuple(
-        layout
-        for layout in layouts
-        if not (layout.eagle is not None and layout.recurrent is not None)
-        and not (layout.extra and 4 in layout.windows)
-    )
+    return tuple(layout for layout in layouts if layout not in NEEDS_MENDS)
 
 
 def _by_family(layouts) -> st.SearchStrategy:
