@@ -314,6 +314,7 @@ def vllm_tests(version: str) -> Path:
     where = BUILD / "sdist" / version
     if (where / VLLM_TESTS).is_dir():
         return where
+    BUILD.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no build folder
     tmp = Path(tempfile.mkdtemp(prefix="sdist-", dir=BUILD))
     pip = [str(release_python(version)), "-m", "pip", "download", "--no-binary", ":all:"]
     subprocess.run(  # metadata cannot be built here; --no-clean keeps the unpacked source
