@@ -8,9 +8,11 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from .explicit import run_programs
 from .profiles import default_profile
 from .search import hypothesis_private as private
 
@@ -56,7 +58,8 @@ def _program_lines(error: BaseException) -> list[str]:
     lines = []
     for note in notes:
         lines.extend(note.splitlines())
-    return [line for line in lines if line.startswith(("state", "requests_", "stores_", "loads_"))]
+    kept = ("state", "requests_", "stores_", "loads_", "# explicit program")
+    return [line for line in lines if line.startswith(kept)]
 
 
 def run_machine(
@@ -109,13 +112,17 @@ def run_machine(
     # context's memory on purpose (properties/contexts.py), the same way in every replay.
     gc.collect()
     start = time.perf_counter()
-    error = None
+    error: BaseException | None = None
     stats: list[dict] = []
     try:
         with private.collect_statistics(stats.append):
             run_state_machine_as_test(Counted, settings=settings)
     except Exception as exc:  # a property failure (or a target that broke)
         error = exc
+    explicit = getattr(machine_cls, "explicit_programs", None)
+    if error is None and explicit is not None and Phase.explicit in settings.phases:
+        # after the drawn examples: a counterexample they find is shrunk, a program is not
+        error = run_programs(Counted, explicit())
     seconds = time.perf_counter() - start
     return RunResult(
         machine=machine_cls.__name__,
