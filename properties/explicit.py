@@ -68,10 +68,13 @@ def run_program(machine_cls: type, program: Program) -> BaseException | None:
     return error
 
 
-def run_programs(machine_cls: type, programs: Sequence[Program]) -> BaseException | None:
-    """The first failure among ``programs``, run in order, or ``None``."""
-    for program in programs:
+def run_programs(
+    machine_cls: type, programs: Sequence[Program]
+) -> tuple[int, BaseException | None]:
+    """``programs`` run in order up to the first failure: how many passed, and the failure or
+    ``None``."""
+    for passed, program in enumerate(programs):
         error = run_program(machine_cls, program)
         if error is not None:
-            return error
-    return None
+            return passed, error
+    return len(programs), None

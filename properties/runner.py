@@ -36,6 +36,7 @@ class RunResult:
     # database), "generated" (valid new examples), "invalid" (rejected or overrun draws),
     # "shrinking" (tried while shrinking a failure).
     phases: dict[str, int] = field(default_factory=dict)
+    explicit: int = 0  # the machine's explicit programs that passed (properties/explicit.py)
 
     @property
     def shrunk_steps(self) -> int:
@@ -120,9 +121,10 @@ def run_machine(
     except Exception as exc:  # a property failure (or a target that broke)
         error = exc
     explicit = getattr(machine_cls, "explicit_programs", None)
+    explicit_passed = 0
     if error is None and explicit is not None and Phase.explicit in settings.phases:
         # after the drawn examples: a counterexample they find is shrunk, a program is not
-        error = run_programs(Counted, explicit())
+        explicit_passed, error = run_programs(Counted, explicit())
     seconds = time.perf_counter() - start
     return RunResult(
         machine=machine_cls.__name__,
@@ -137,6 +139,7 @@ def run_machine(
         rules=_step_rules(machine_cls),
         expected=tuple(getattr(machine_cls, "expected_labels", tuple)()),
         phases=_phases(stats[-1] if stats else {}),
+        explicit=explicit_passed,
     )
 
 

@@ -77,12 +77,14 @@ def test_run_machine_runs_the_programs_after_the_drawn_examples_pass():
     Counter.broken = True  # the draws never reach 3: ``up`` and ``down`` stop at 2 steps
     short = dict(max_examples=5, stateful_step_count=2)
     passed = run_machine(Counter, "ci", phases=[Phase.generate], **short)
-    assert passed.passed  # no explicit phase: no programs
+    assert passed.passed and passed.explicit == 0  # no explicit phase: no programs
     failed = run_machine(Counter, "ci", **short)
     assert not failed.passed and failed.message == "AssertionError: the count reached 3"
     assert failed.program[0] == "# explicit program: three ups"
     assert failed.shrunk_steps == 3  # three ups (the set-up and the invariants are not steps)
+    assert failed.explicit == 0
     Counter.broken = False
+    assert run_machine(Counter, "ci", **short).explicit == 1
 
 
 PROGRAMS = """
@@ -95,14 +97,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
 cls = machine.make_machine(resolve_target({mended!r}))
 programs = cls.explicit_programs()
 out = {{"names": [p.name for p in programs]}}
-error = run_programs(cls, programs)
+_, error = run_programs(cls, programs)
 out["mended"] = "" if error is None else f"{{error}}"
 # a known-bad connector: the load window of a sliding-window group is the window alone, the
 # tokens it keeps below itself (and the chunk a hit's end shares) forgotten
 scheduler.GroupOffloadConfig.load_window_size_in_chunks = (
     lambda self, num_tokens: self.sliding_window_size_in_chunks
 )
-error = run_programs(cls, programs)
+_, error = run_programs(cls, programs)
 out["narrow"] = ["", ""] if error is None else [f"{{error}}", error.__notes__[-1].splitlines()[0]]
 print(json.dumps(out))
 """

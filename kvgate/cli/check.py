@@ -284,9 +284,12 @@ def coverage_lines(runs: Sequence[Run]) -> list[str]:
             if len(passed) == sum(r.machine == kind for r in runs)
             else f" (the {len(passed)} passing run{'s' * (len(passed) > 1)})"
         )
+        explicit = sum(r.explicit for r in passed)
         out.append(
             f"coverage ({kind}){scope}: {len(expected) - len(missed)}/{len(expected)} "
-            f"required labels hit: {shown}" + (f"; not hit: {', '.join(missed)}" if missed else "")
+            f"required labels hit: {shown}"
+            + (f"; not hit: {', '.join(missed)}" if missed else "")
+            + (f"; explicit programs passed: {explicit}" if explicit else "")
         )
     return out
 
