@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .search import hypothesis_private as private
@@ -30,7 +30,7 @@ class Program:
     """A named sequence of calls on a fresh machine (``teardown`` is added at the end)."""
 
     name: str  # what the program is for, printed with a failure
-    calls: tuple[tuple[str, dict[str, Any]], ...] = field(default=())
+    calls: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 def _line(method: str, kwargs: dict[str, Any]) -> str:

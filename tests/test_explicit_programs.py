@@ -1,5 +1,6 @@
 """Explicit programs (properties/explicit.py): fixed step sequences a machine runs after its
-drawn examples passed, and the vLLM scheduler machine's (properties/vllm_harness/seeds.py).
+drawn examples passed, and the vLLM scheduler machine's
+(properties/vllm_harness/explicit_programs.py).
 
 Without vLLM, on a toy machine: the calls run in order with the invariants between them, a step
 whose precondition does not hold is skipped and not printed, a failure carries the program as

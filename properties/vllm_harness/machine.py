@@ -57,7 +57,7 @@ from ..oracle import Divergence
 from ..search.coverage import Recorded
 from ..search.rule_choice import install as install_rule_choice
 from ..targets import Target
-from . import seeds
+from . import explicit_programs
 from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
 from .engine import FAULTS, VllmEngine
 from .layouts import FULL_ATTENTION, NEEDS_MENDS, available, offload_key, sync_loads
@@ -585,8 +585,8 @@ def make_machine(
 
         @classmethod
         def explicit_programs(cls) -> list:
-            """The paths the draws reach too rarely (``seeds``), on this target's layouts."""
-            return seeds.programs(drawn_layouts(target), sync_loads())
+            """The paths the draws reach too rarely, on this target's layouts."""
+            return explicit_programs.programs(drawn_layouts(target), sync_loads())
 
     Machine.target, Machine.fault, Machine.lockstep = target, fault, lockstep
     Machine.__name__ = Machine.__qualname__ = name + suffix

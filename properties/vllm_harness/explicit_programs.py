@@ -1,4 +1,4 @@
-"""The vLLM scheduler machine's explicit programs (``properties.explicit``): paths through the
+"""The vLLM scheduler machine's explicit programs (``properties/explicit.py``): paths through the
 connector that the drawn examples reach too rarely for ``ci``'s budget, on every layout drawn
 for the target. Each names the configuration it goes to; none says what the answer must be
 (the machine's checks and oracle judge every step).
@@ -25,29 +25,19 @@ from ..explicit import Program
 
 Call = tuple[str, dict[str, Any]]
 CHECK: Call = ("request_level_checks", {})
+DELIVER: Call = ("deliver", dict(mask=15))
+EVICT: Call = ("evict_gpu", {})
 
 
-def _steps(*calls: tuple[str, dict[str, Any]]) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """``calls`` with the invariant after each, as Hypothesis runs (and prints) them."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    for call in calls:
-        out += [call, CHECK]
-    return tuple(out)
-
-
-def _add(blocks: str, tail: int = 0, max_load: Any = None) -> tuple[str, dict[str, Any]]:
+def _add(blocks: str, tail: int = 0, max_load: Any = None) -> Call:
     return (
         "add_request",
         dict(blocks=blocks, tail=tail, max_tokens=1, max_load=max_load, repeat=0),
     )
 
 
-def _step(n: int = 3) -> tuple[str, dict[str, Any]]:
+def _step(n: int = 3) -> Call:
     return ("step", dict(n=n))
-
-
-DELIVER: Call = ("deliver", dict(mask=15))
-EVICT: Call = ("evict_gpu", {})
 
 
 def _setup(
@@ -72,9 +62,33 @@ def _setup(
     )
 
 
-def _stored_then(*calls: tuple[str, dict[str, Any]]) -> tuple:
-    """Four blocks computed, stored and forgotten by the GPU cache, then ``calls``."""
-    return (_add("ABCA"), _step(), DELIVER, _step(2), EVICT, *calls)
+def _program(name: str, setup: dict, *calls: Call) -> Program:
+    """The set-up, then ``calls``, with the invariant after each, as Hypothesis runs (and
+    prints) them."""
+    out: list[Call] = [("setup", setup), CHECK]
+    for call in calls:
+        out += [call, CHECK]
+    return Program(name, tuple(out))
+
+
+# Four blocks computed, stored and forgotten by the GPU cache: where the programs start
+STORED: tuple[Call, ...] = (_add("ABCA"), _step(), DELIVER, _step(2), EVICT)
+PREFIX = (
+    *STORED,
+    _add("ABC"),
+    _step(),
+    DELIVER,
+    _step(),
+    _add("ABCA", tail=1),
+    _step(),
+    DELIVER,
+    _step(),
+)
+CAPPED = (
+    *STORED,
+    _add("ABCA", max_load=2), _step(), DELIVER, _step(), EVICT,
+    _add("ABCA", max_load=4), _step(), DELIVER, _step(),
+)  # fmt: skip
 
 
 def programs(layouts: tuple, sync_load: bool) -> list[Program]:
@@ -84,43 +98,25 @@ def programs(layouts: tuple, sync_load: bool) -> list[Program]:
     budget = 1 << 30 if sync_load else 0
     for layout in layouts:
         for bpc, async_ in ((1, False), (2, False), (1, True)):
-            prefix = _stored_then(
-                _add("ABC"), _step(), DELIVER, _step(), _add("ABCA", tail=1), _step(), DELIVER
-            )
             how = f"{bpc} block(s) a chunk" + (", async" if async_ else "")
             out.append(
-                Program(
+                _program(
                     f"a proper prefix of a stored prompt ({layout.name}, {how})",
-                    (
-                        ("setup", _setup(layout, bpc, 1, 0, async_)),
-                        CHECK,
-                        *_steps(*prefix, _step()),
-                    ),
+                    _setup(layout, bpc, 1, 0, async_),
+                    *PREFIX,
                 )
             )
         for prompt, async_ in (("A", False), ("A", True), ("ABC", False)):
             # the longer prompt meets the CPU tier only once the GPU cache forgot it
             forget = (EVICT,) if len(prompt) > 1 else ()
-            two = (_add(prompt), _add(prompt), _step(1), *forget, _add(prompt), DELIVER, _step(2))
             how = f"{len(prompt)} block(s)" + (", async" if async_ else "")
             out.append(
-                Program(
+                _program(
                     f"admitted by two requests, loaded within the step ({layout.name}, {how})",
-                    (
-                        ("setup", _setup(layout, 1, 2, budget, async_)),
-                        CHECK,
-                        *_steps(*two, DELIVER, _step()),
-                    ),
+                    _setup(layout, 1, 2, budget, async_),
+                    *(_add(prompt), _add(prompt), _step(1), *forget, _add(prompt)),
+                    *(DELIVER, _step(2), DELIVER, _step()),
                 )
             )
-        capped = _stored_then(
-            _add("ABCA", max_load=2), _step(), DELIVER, _step(), EVICT,
-            _add("ABCA", max_load=4), _step(), DELIVER, _step(),
-        )  # fmt: skip
-        out.append(
-            Program(
-                f"a capped load ({layout.name})",
-                (("setup", _setup(layout, 2, 1, 0)), CHECK, *_steps(*capped)),
-            )
-        )
+        out.append(_program(f"a capped load ({layout.name})", _setup(layout, 2, 1, 0), *CAPPED))
     return out
