@@ -295,7 +295,7 @@ TIMEOUT = 300
 
 def release_python(version: str) -> Path:
     sys.path.insert(0, str(ROOT))
-    from tests.vllm_releases import envs_dir
+    from releases.vllm import envs_dir
 
     return envs_dir() / version / "bin" / "python"
 
@@ -371,7 +371,7 @@ def run_vllm_tests(version: str, mutant: Path | None, timeout: int = TIMEOUT) ->
 def run_kvgate(version: str, mutant: Path | None, timeout: int = TIMEOUT) -> dict:
     """kvgate's machines over vLLM's scheduling path (tests/mutation/test_vllm_connector.py)."""
     sys.path.insert(0, str(ROOT))
-    from tests.vllm_releases import MENDED
+    from releases.vllm import MENDED
 
     env = _env(
         {

@@ -281,7 +281,7 @@ def child(rounds: int, batches: int) -> int:
     """In a release's environment: both comparisons, impl and this release's manager
     interleaved, as one JSON line."""
     import kvgate.impl.manager as impl_manager
-    from kvgate.properties.vllm_harness.adapter import resolve_vllm
+    from kvgate.properties.engines.vllm.adapter import resolve_vllm
 
     target = resolve_vllm("vllm")
     adapter = target.adapter(target.factory(1, cache_policy="lru"))

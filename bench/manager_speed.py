@@ -274,7 +274,7 @@ def vllm_contender(trace: Trace, spec_text: str = "vllm") -> tuple[Contender | N
     """vLLM's manager (or ``vllm=MODULE:ATTR``) with its own keys and contexts, or None and
     why not."""
     from kvgate.properties.adapters import TargetError
-    from kvgate.properties.vllm_harness.adapter import resolve_vllm
+    from kvgate.properties.engines.vllm.adapter import resolve_vllm
 
     try:
         target = resolve_vllm(spec_text)

@@ -28,7 +28,7 @@ A vLLM suite (one per release in .ci/vllm-releases.txt) mutates that release's
 environment (``.vllm/VERSION``, as .ci/vllm-venv builds it, with the ``mutation`` extra) at
 their package paths, mutmut runs with that environment's Python, and
 tests/mutation/staged_vllm.py loads the staged copies under their real module names. The target
-is the release with only its known defect mended (``MENDED`` in tests/vllm_releases.py), so the
+is the release with only its known defect mended (``MENDED`` in releases/vllm.py), so the
 unmutated release passes and only kvgate's machines kill.
 """
 
@@ -48,11 +48,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # tests.vllm_releases, when run as a file
+if str(ROOT) not in sys.path:  # releases.vllm, when run as a file
     sys.path.insert(0, str(ROOT))
 
 from bench.report_page import write_cited  # noqa: E402 - needs ROOT on the path
-from tests.vllm_releases import MENDED, envs_dir, releases  # noqa: E402 - needs ROOT on the path
+from releases.vllm import MENDED, envs_dir, releases  # noqa: E402 - needs ROOT on the path
 
 RESULTS = ROOT / "bench" / "results" / "mutation.json"
 REPORT = ROOT / "docs" / "mutation.md"
@@ -144,7 +144,7 @@ def stage(suite: Suite) -> Path:
     shutil.copytree(ROOT / "tests" / "mutation", where / "tests" / "mutation", ignore=_ignore)
     shutil.copy2(ROOT / "conftest.py", where / "conftest.py")
     if suite.vllm:
-        shutil.copy2(ROOT / "tests" / "upstream_patches.py", where / "tests")
+        shutil.copytree(ROOT / "releases", where / "releases", ignore=_ignore)
         installed = Path(_release_answer(suite, _PACKAGE_DIR))
         staged = where / VLLM_PACKAGE  # no __init__.py above: see tests/mutation/staged_vllm.py
         staged.mkdir(parents=True)

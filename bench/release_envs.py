@@ -2,7 +2,7 @@
 
 CI builds one virtual environment per release (``.ci/vllm-releases.txt`` lists them) under
 ``<repo>/.vllm/VERSION``, or under the folder ``KVGATE_VLLM_ENVS`` names
-(``tests/vllm_releases.py`` reads the list and finds the folder; this module uses it). Those
+(``releases/vllm.py`` reads the list and finds the folder; this module uses it). Those
 environments install kvgate editable from the checkout that built them, which need not be this
 one: a plain ``PYTHONPATH`` would still let setuptools' editable finder serve ``kvgate.impl``
 from the other checkout. So the child starts with a few lines (``BOOT``) that drop that finder
@@ -20,7 +20,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.vllm_releases import envs_dir, releases
+from releases.vllm import envs_dir, releases
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def run_child(
         for k, v in os.environ.items()
         if not k.startswith(("PYTEST_", "HYPOTHESIS_", "VIRTUAL_ENV", "PYTHONPATH"))
     }
-    env["PYTHONHASHSEED"] = "0"  # repeatable through vLLM's scheduler (vllm_releases.run_python)
+    env["PYTHONHASHSEED"] = "0"  # repeatable through vLLM's scheduler (releases.vllm.run_python)
     code = BOOT.format(root=str(ROOT), module=module, argv=list(argv))
     proc = subprocess.Popen(
         [str(python), "-c", code],

@@ -249,7 +249,7 @@ class Row:
         return total / self.timed_seconds if self.timed_seconds else 0.0
 
 
-VLLM_PASSING = "vllm=tests.upstream_patches:SkipCountedOnce"
+VLLM_PASSING = "vllm=releases.vllm_mends:SkipCountedOnce"
 VLLM_EXAMPLES = (300, 40, 0)  # by level; smoke: no vLLM row (each costs a release process)
 
 
@@ -257,8 +257,8 @@ def vllm_child(examples: int) -> dict:
     """In a release environment: the seconds to find a counterexample on the release and to
     shrink it, and steps/s of a passing run (the mended 0.34.0; elsewhere the failing run)."""
     import kvgate.impl
-    from kvgate.properties.vllm_harness.adapter import installed_vllm_version
-    from kvgate.properties.vllm_harness.machine import summary
+    from kvgate.properties.engines.vllm.adapter import installed_vllm_version
+    from kvgate.properties.engines.vllm.machine import summary
 
     version = installed_vllm_version()
     found = summary("vllm", find_only=True)

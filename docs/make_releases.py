@@ -1,15 +1,11 @@
-"""Build one environment per vLLM release and write docs/releases.md: kvgate's verdict on each.
+"""Write docs/releases.md: kvgate's verdict on every vLLM release with a store threshold.
 
     python docs/make_releases.py --build [VERSION ...]   # build the environments (network)
     python docs/make_releases.py [--out FILE] [VERSION ...]  # run the default gate, write the page
 
 The releases are every minor release of vLLM whose wheel holds the offloading manager
-(``vllm/v1/kv_offload``), each at its last patch release (``SWEEP``). The CPU build of torch and
-the packages the managers import are installed once, in a base environment (``.vllm/base``);
-each release's environment is a bare virtual environment whose site-packages names the base's
-(a ``.pth`` file), holding only that release's wheel (``--no-deps``) and kvgate (editable,
-``--no-deps``). So a release costs its wheel, not another torch. An environment .ci/vllm-venv
-built (a full one) is used as it is.
+(``vllm/v1/kv_offload``), each at its last patch release (``releases.vllm_build.SWEEP``); their
+environments are built by ``releases.vllm_build`` (``--build`` here is the same).
 """
 
 from __future__ import annotations
@@ -19,102 +15,15 @@ import datetime
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.vllm_releases import built, gate_facts, run_python  # noqa: E402 - needs ROOT on the path
-
-# Every minor release with vllm/v1/kv_offload, each at its last patch release, oldest first.
-SWEEP = [
-    "0.19.1", "0.20.2", "0.21.0", "0.22.1", "0.23.0", "0.24.0", "0.25.1", "0.26.0",
-    "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0",
-]  # fmt: skip
-TORCH = "torch==2.13.0"
-# What the managers and the modules they import need, beyond torch (the list .ci/vllm-venv
-# installs, and what older releases also import at module level).
-COMMON = (
-    "packaging psutil pyzmq urllib3 regex numpy transformers cbor2 aiohttp requests "
-    "openai-harmony openai pillow pybase64 cachetools msgspec cloudpickle uvloop py-cpuinfo "
-    "prometheus_client xgrammar fastapi partial_json_parser llguidance gguf diskcache einops"
-).split()
-
-
-def sh(*cmd: str | Path, log) -> None:
-    print("+", " ".join(map(str, cmd)), file=log, flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, stdout=log, stderr=subprocess.STDOUT)
-
-
-def site_packages(env: Path) -> Path:
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    return env / "lib" / version / "site-packages"
-
-
-def pip(env: Path, *args: str, log) -> None:
-    sh(env / "bin" / "python", "-m", "pip", "install", "-q", "--no-cache-dir", *args, log=log)
-
-
-def build_base(envs: Path, log) -> Path:
-    base = envs / "base"
-    if (base / ".ready").exists():
-        return base
-    sh(sys.executable, "-m", "venv", "--clear", base, log=log)
-    pip(base, "--upgrade", "pip", log=log)
-    pip(base, TORCH, log=log)
-    pip(base, "-c", str(ROOT / "constraints.txt"), "-e", f"{ROOT}[test,mutation]", log=log)
-    pip(base, "--no-warn-conflicts", "-c", str(ROOT / "constraints.txt"), *COMMON, log=log)
-    (base / ".ready").write_text("")
-    return base
-
-
-def build_release(version: str, envs: Path, base: Path, log) -> Path:
-    env = envs / version
-    if (
-        (env / ".ready").exists()
-        or (env / "bin" / "kvgate").exists()
-        and not (env / ".shared").exists()
-    ):
-        return env  # built before, here or by .ci/vllm-venv
-    sh(sys.executable, "-m", "venv", "--clear", "--without-pip", env, log=log)
-    # site.addsitedir, not a bare path line: the base's own .pth files (its editable kvgate,
-    # among them) are read too.
-    (site_packages(env) / "_kvgate_base.pth").write_text(
-        f"import site; site.addsitedir({str(site_packages(base))!r})\n"
-    )
-    (env / ".shared").write_text(str(base) + "\n")
-    py = env / "bin" / "python"
-    sh(py, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-compile", "--no-deps",
-       f"vllm=={version}", log=log)  # fmt: skip
-    sh(py, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "-e", ROOT, log=log)
-    (env / ".ready").write_text("")
-    return env
-
-
-def build(versions: list[str], envs: Path) -> int:
-    envs.mkdir(parents=True, exist_ok=True)
-    with open(envs / "base.log", "a") as log:
-        base = build_base(envs, log)
-
-    def one(version: str) -> bool:
-        with open(envs / f"{version}.log", "a") as log:
-            try:
-                build_release(version, envs, base, log)
-            except subprocess.CalledProcessError as exc:
-                print(f"vLLM {version}: {exc}; see {envs / version}.log", file=sys.stderr)
-                return False
-        print(f"vLLM {version} ready in {envs / version}", flush=True)
-        return True
-
-    # Each release is a download and an unpack: a few at once, as .ci/run wants them.
-    with ThreadPoolExecutor(4) as pool:
-        ok = list(pool.map(one, versions))
-    return 0 if all(ok) else 1
-
+from releases.vllm import built, gate_facts, run_python  # noqa: E402 - needs ROOT on the path
+from releases.vllm_build import SWEEP, build  # noqa: E402 - needs ROOT on the path
 
 # --- the page ---------------------------------------------------------------------------------
 

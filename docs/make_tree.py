@@ -21,17 +21,37 @@ sys.path.insert(0, str(ROOT))
 from bench.report_page import cited  # noqa: E402 - run as a script, ROOT first
 
 PAGE = ROOT / "docs" / "tree.md"
-FOLDERS = ("model", "impl", "properties", "kvgate", "bench", "tests", "docs")
+FOLDERS = ("model", "impl", "properties", "kvgate", "releases", "bench", "tests", "docs")
 INTRO = {
     "model": "the rule, short and obviously right",
     "impl": "the system under test: the manager, its policies, the PyTorch copy worker, a "
     "scheduler driver",
     "properties": "what is checked and how: the lockstep oracle, the machines, targets, catalogues",
-    "kvgate": "the tool: the `kvgate` command, its pytest plugin, replay",
+    "kvgate": "the tool: the gate's engine (`gate/`), its two front doors (the `kvgate` command "
+    "in `cli/`, the pytest plugin), replay",
+    "releases": "release infrastructure: which upstream releases are gated, their environments, "
+    "the mended targets",
     "bench": "what `python -m bench` measures (docs/benchmarks.md)",
     "tests": "the test suite (README's test command)",
     "docs": "the scripts that generate or check pages of docs/",
 }
+# Where a newcomer looks first: each in one obvious place.
+GLANCE = [
+    ("the rule", "`model/`"),
+    ("the gate's engine (plan, run, judge, report)", "`kvgate/gate/`"),
+    ("its front doors", "`kvgate/cli/` (the command), `kvgate/pytest_plugin.py`"),
+    ("the lockstep oracle and the engine-independent machines", "`properties/` (top level)"),
+    (
+        "each engine's harness, side by side",
+        "`properties/engines/vllm/`, `properties/engines/sglang/`",
+    ),
+    (
+        "planted faults (known-bad variants)",
+        "`properties/catalogue/`, `properties/engines/vllm/faults.py`",
+    ),
+    ("every private vLLM name the harness touches", "`properties/engines/vllm/private_names.py`"),
+    ("building, listing and mending releases", "`releases/`"),
+]
 NO_DOCSTRING = "(no docstring)"
 
 
@@ -68,12 +88,18 @@ def page() -> str:
         "docstring (its first sentence); tests/test_layout.py checks that it is current.",
         "",
     ]
-    current = None
+    lines += ["| what | where |", "|---|---|"]
+    lines += [f"| {what} | {where} |" for what, where in GLANCE]
+    current, folder = None, None
     for path in modules():
         top = path.parts[0]
         if top != current:
-            current = top
+            current, folder = top, None
             lines += ["", f"## {top}/ — {INTRO[top]}", ""]
+        sub = path.parent.as_posix() if len(path.parts) > 2 else None
+        if sub != folder and sub is not None:
+            lines += ["", f"### {sub}/", ""]
+        folder = sub
         lines.append(f"- `{path.as_posix()}`: {first_sentence(path)}")
     text = "\n".join(lines).replace("\n\n\n", "\n\n") + "\n"
     return cited(PAGE, text)  # spec citations as links

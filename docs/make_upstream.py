@@ -7,7 +7,7 @@ For each release of .ci/vllm-releases.txt whose environment exists (built by
 ``kvgate check --target vllm --profile ci`` (the default gate: it stops at the first machine
 that fails), the same through vLLM's own scheduler (``--machine vllm-scheduler``) and, for each
 reproduction under docs/repro/, the plain-Python script; for 0.34.0 also the gate on the patched
-manager of tests/upstream_patches.py under ``ci`` and ``thorough``, every machine. Every figure
+manager of releases/vllm_mends.py under ``ci`` and ``thorough``, every machine. Every figure
 in the page is read off those runs.
 Exit 2 (one line) when no release environment exists.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.vllm_releases import PATCHED, built, gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
+from releases.vllm import PATCHED, built, gate_facts, releases, run_python  # noqa: E402 - needs ROOT on the path
 
 # Why the gate is right where a release differs: the seed's claim each verdict rests on.
 ARGUMENTS = {
@@ -39,7 +39,7 @@ ARGUMENTS = {
     "client's reset fails. 0.34.0's connector documents the case (a previous reset's flush set "
     "may still be pending; the new ids are merged into it), so upstream's own design says the "
     "second reset must succeed (`docs/repro/vllm_0_33_0_reset_twice.py` below). The mended "
-    "0.33.0 target (tests/upstream_patches.py) carries that merge beside the counting fix, "
+    "0.33.0 target (releases/vllm_mends.py) carries that merge beside the counting fix, "
     "and the mends of the defects it shares with 0.34.0 (argued there): the window chunk "
     "stored with its first block unwritten, the recurrent group's hit counted a block short "
     "and the drafter's key offered twice in a step.",
@@ -69,7 +69,7 @@ ARGUMENTS = {
     " window), and a later request whose hit ends at that chunk loads the unwritten block "
     "into the window it attends to (`docs/repro/vllm_window_kept_tokens_load.py` below). "
     "Storing a window chunk whole or not at all puts it right, and the mended targets carry "
-    "that mend (tests/upstream_patches.py, `whole_window_chunks`), so the machine now draws "
+    "that mend (releases/vllm_mends.py, `whole_window_chunks`), so the machine now draws "
     "the layout. A fourth, found on the hybrid (Mamba) layout and shared by 0.33.0 and 0.34.0, "
     "is in the GPU block accounting the connector's hits feed: `allocate_slots` documents that "
     "it answers `None` when the free blocks do not cover a request, and a request admitted "

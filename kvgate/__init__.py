@@ -32,12 +32,15 @@ class SourceTreeFinder(_abc.MetaPathFinder):
 
 
 def _serve_the_source_tree() -> None:
+    """Where this ``kvgate/`` sits in a source tree with the three parts beside it, they are
+    served from that tree and no other: first on the meta path, before an editable install's
+    finder that may map them onto another checkout's folders (a second checkout run with the
+    first one installed would otherwise mix trees, silently)."""
     tree = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
     if not all(_os.path.isfile(_os.path.join(tree, part, "__init__.py")) for part in PARTS):
-        return
-    if not any(isinstance(f, SourceTreeFinder) for f in _sys.meta_path):  # once, also on reload
-        _sys.meta_path.append(SourceTreeFinder(tree))
+        return  # installed from a wheel, or staged with the parts inside kvgate/
+    _sys.meta_path[:] = [f for f in _sys.meta_path if not isinstance(f, SourceTreeFinder)]
+    _sys.meta_path.insert(0, SourceTreeFinder(tree))
 
 
-if _util.find_spec(__name__ + ".model") is None:  # neither installed nor staged
-    _serve_the_source_tree()
+_serve_the_source_tree()

@@ -9,7 +9,7 @@ or from the command line (``pytest --kvgate-target vllm``) or the ini file (``kv
 Each (target, machine) is one test item, ``test_cpu_offloading[vllm/manager]``, selectable
 with ``-k``; a machine that does not apply to a target, or cannot run here, is a skipped item
 that says why. An item runs the machine through the runner ``kvgate check`` uses
-(``kvgate.cli.runs.run_one``), so the two agree; a counterexample is a test failure showing
+(``kvgate.gate.run_one``), so the two agree; a counterexample is a test failure showing
 the shrunk steps, the answer that differed and the ``kvgate check`` line that repeats it.
 
 Settings follow Hypothesis's conventions: the profile is ``gate(profile=)``, else
@@ -275,7 +275,7 @@ class _KvgateProfiles:
 
 
 def _open_database(spec: str):
-    from kvgate.cli.options import open_database
+    from kvgate.gate import open_database
 
     return open_database(spec)
 
@@ -338,7 +338,7 @@ class Case:
 
 def _id_part(spec: str) -> str:
     """A target spec as an item id part that ``-k`` can name: ``vllm``, ``impl:arc``,
-    ``vllm-tests.upstream_patches:SkipCountedOnce``."""
+    ``vllm-releases.vllm_mends:SkipCountedOnce``."""
     return re.sub(r"[^\w:.+-]", "-", spec)
 
 
@@ -370,7 +370,7 @@ _RESOLVED: dict[str, Any] = {}
 
 def _resolve(spec: str):
     if spec not in _RESOLVED:
-        from kvgate.cli.runs import resolve_targets
+        from kvgate.gate import resolve_targets
 
         _RESOLVED[spec] = resolve_targets([spec])[0]
     return _RESOLVED[spec]
@@ -380,8 +380,7 @@ def _cases(name: str, g: Gate, config: pytest.Config) -> list[Case]:
     """The items of a gate: every (target, machine) the plan runs, and one skipped item per
     machine it leaves out; a gate that cannot be planned is one item failing with the reason."""
     _kvgate_profiles()  # first: importing kvgate registers its profiles
-    from kvgate.cli.errors import UsageError
-    from kvgate.cli.runs import MACHINES, choose_profile, plan_runs
+    from kvgate.gate import MACHINES, UsageError, choose_profile, plan_runs
     from kvgate.properties.adapters import TargetError
     from kvgate.properties.known import KnownDefectError, check_declarations
 
@@ -495,7 +494,7 @@ def _fuzzing(config: pytest.Config) -> bool:
 
 def _fuzz_machine(c: Case):
     _kvgate_profiles()
-    from kvgate.cli.runs import build_machine
+    from kvgate.gate import build_machine
     from kvgate.properties.known import KnownDefects, with_known
 
     target = with_known(c.target, KnownDefects(c.known)) if c.known else c.target
@@ -515,24 +514,14 @@ def _fuzz_machine(c: Case):
 # --------------------------------------------------------------------------- running
 
 
-@dataclass
-class _Lines:
-    """A display that keeps its lines (``kvgate check``'s printers write to it)."""
-
-    lines: list[str] = field(default_factory=list)
-
-    def line(self, text: str = "") -> None:
-        self.lines.append(text)
-
-
 def run_case(c: Case) -> None:
-    """Run the item's machine on its target through ``kvgate check``'s runner; raise
+    """Run the item's machine on its target through the gate's engine (``kvgate.gate``); raise
     ``GateFailure`` with the report on a counterexample or a stale known defect, ``GateError``
     on a target that cannot be checked. A pass prints its line (pytest shows it with -rP)."""
     if c.error:
         raise GateError(f"kvgate: {c.error}")
-    from kvgate.cli.check import print_failure, print_run
-    from kvgate.cli.runs import KeepProfile, run_one
+    from kvgate.gate import KeepProfile, run_one
+    from kvgate.gate.text import failure_lines, run_lines
     from kvgate.properties.runner import PROFILE_DATABASE
 
     try:
@@ -550,16 +539,15 @@ def run_case(c: Case) -> None:
             database,
             known=c.known,
         )
-    out: Any = _Lines()  # what the printers call of a Display
-    print_run(out, run)
-    for line in out.lines:  # the run line and its known defects, for the JUnit report
+    lines = run_lines(run)
+    for line in lines:  # the run line and its known defects, for the JUnit report
         c.properties.append(("kvgate", line.strip()))
     if run.status == "ERROR":
         raise GateError(f"kvgate: {run.name}: {run.target_error}")
     if run.status == "FAIL":
-        print_failure(out, run)
-    out.lines += [f"repro: {c.repro()}"]
-    text = "\n".join(out.lines)
+        lines += failure_lines(run)
+    lines.append(f"repro: {c.repro()}")
+    text = "\n".join(lines)
     if run.status == "FAIL":
         raise GateFailure(text)
     print(text)

@@ -128,7 +128,7 @@ def _steps_test(f: Failure, name: str) -> list[str]:
         ]
     else:
         build = [
-            "    from kvgate.cli import build_machine",
+            "    from kvgate.gate import build_machine",
             "",
             f"    {f.class_name} = build_machine({f.machine!r}, _target({f.spec!r}))",
         ]
@@ -153,7 +153,7 @@ def _blob_test(f: Failure, name: str) -> list[str]:
         "    from hypothesis.errors import DidNotReproduce",
         "    from hypothesis.stateful import run_state_machine_as_test",
         "",
-        "    from kvgate.cli import build_machine",
+        "    from kvgate.gate import build_machine",
         "",
         f"    machine = build_machine({f.machine!r}, _target({f.spec!r}))",
         f"    machine.__name__ = machine.__qualname__ = {f.class_name!r}",

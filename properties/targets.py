@@ -1,5 +1,5 @@
 """Targets: turn a target spec into a ``Target`` (``properties.adapters`` holds the records and
-the native adapter, ``properties.vllm_harness.adapter`` the vLLM one).
+the native adapter, ``properties.engines.vllm.adapter`` the vLLM one).
 
 Specs: ``impl`` (both policies, both recency semantics), ``impl:lru``, ``impl:arc``,
 ``mutant:NAME`` (a catalogued known-bad variant), ``MODULE:ATTR`` (a class or factory that
@@ -33,7 +33,7 @@ def resolve_target(spec: str) -> Target:
     foreign = spec.startswith("foreign=")
     rest = spec.split("=", 1)[1] if foreign else spec
     if rest == "vllm" or rest.startswith("vllm="):
-        from .vllm_harness.adapter import resolve_vllm
+        from .engines.vllm.adapter import resolve_vllm
 
         return resolve_vllm(rest, foreign=foreign)
     return native_target(spec, import_attr(rest), foreign=foreign)

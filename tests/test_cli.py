@@ -22,9 +22,9 @@ import pytest
 import tests.fake_vllm as fake
 from kvgate.cli import main
 from kvgate.properties.adapters import Config
+from kvgate.properties.engines.vllm.adapter import VllmAdapter, VllmTypes, resolve_vllm
 from kvgate.properties.manager_machine import EXACT_ONLY
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_harness.adapter import VllmAdapter, VllmTypes, resolve_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["--profile", "ci", "--max-examples", "30", "--steps", "20"]
@@ -330,7 +330,7 @@ def test_vllm_target_without_vllm_says_how_to_install(capsys):
 def widget(monkeypatch):
     """A machine added to the registry that cannot run here: every command that reads the
     registry must name it, leave it out of the default and refuse it by name."""
-    from kvgate.cli import runs
+    from kvgate.gate import machines as runs
 
     def build(target):
         raise AssertionError("an unavailable machine was built")
@@ -378,7 +378,7 @@ def test_one_registry_names_a_machine_everywhere(capsys, widget):
 def test_a_machine_named_for_a_target_it_does_not_apply_to_exits_2(capsys, monkeypatch):
     from dataclasses import replace
 
-    from kvgate.cli import runs
+    from kvgate.gate import machines as runs
 
     monkeypatch.setitem(
         runs.MACHINES,
@@ -407,7 +407,7 @@ def test_vllm_scheduler_without_vllm_says_how_to_install_a_release(capsys):
 def test_vllm_scheduler_module_not_built_is_said_so(monkeypatch):
     """Where vLLM imports but the machine's module does not exist, the reason says that (and
     nothing about installing vLLM); a module that exists answers for itself."""
-    from kvgate.cli import runs
+    from kvgate.gate import machines as runs
 
     monkeypatch.setattr(runs, "_vllm_missing", lambda: None)
     monkeypatch.setattr(runs, "VLLM_SCHEDULER_MODULE", "kvgate.properties.no_such_machine")
@@ -470,7 +470,7 @@ def test_repro_file_replays_the_failure_under_plain_pytest(failing, tmp_path):
 def test_repro_replays_from_the_blob_when_steps_cannot_be_printed(tmp_path):
     """A machine that draws inside its rules prints ``data(...)`` for the draws; its repro
     replays the failure's choices from the ``@reproduce_failure`` blob instead."""
-    from kvgate.cli import run_one
+    from kvgate.gate import run_one
     from kvgate.repro import Failure, render
 
     run = run_one("manager", resolve_target(FAILING), "ci", None, 30, 20, None)

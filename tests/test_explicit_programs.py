@@ -1,6 +1,6 @@
 """Explicit programs (properties/explicit.py): fixed step sequences a machine runs after its
 drawn examples passed, and the vLLM scheduler machine's
-(properties/vllm_harness/explicit_programs.py).
+(properties/engines/vllm/explicit_programs.py).
 
 Without vLLM, on a toy machine: the calls run in order with the invariants between them, a step
 whose precondition does not hold is skipped and not printed, a failure carries the program as
@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvgate.properties.explicit import Program, run_program
 from kvgate.properties.runner import run_machine
-from tests.vllm_releases import MENDED, probe, releases
+from releases.vllm import MENDED, probe, releases
 
 
 class Counter(RuleBasedStateMachine):
@@ -92,7 +92,7 @@ PROGRAMS = """
 import json
 from kvgate.properties.explicit import run_programs
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_harness import machine
+from kvgate.properties.engines.vllm import machine
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
 
 cls = machine.make_machine(resolve_target({mended!r}))

@@ -41,14 +41,14 @@ def test_an_answer_the_interface_does_not_allow_is_a_divergence(capsys):
 
 def test_kvgate_raising_inside_a_target_call_is_exit_2_one_line(capsys, monkeypatch):
     """The adapter itself breaks while reading an answer: no counterexample, exit 2."""
-    import kvgate.properties.vllm_harness.adapter as adapter
+    import kvgate.properties.engines.vllm.adapter as adapter
 
     monkeypatch.setattr(adapter, "_ids", None)  # kvgate's own helper, gone
     code, out = check(capsys, "vllm=tests.harness_stand_ins:FakeManager")
     assert code == 2, out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("ERROR ")]
     assert "kvgate's own code raised TypeError" in line, line
-    assert re.search(r"at properties/vllm_harness/adapter\.py:\d+ in prepare_", line), line
+    assert re.search(r"at properties/engines/vllm/adapter\.py:\d+ in prepare_", line), line
     assert "no verdict on the target" in line, line
     assert "--- counterexample" not in out, out
     assert "result: a target could not be checked (exit 2)" in out, out

@@ -5,7 +5,7 @@ environment under plain pytest, ``-n 2`` and ``-k``.
 - 0.34.0 with its one defect (the skip metric, spec A5) declared known passes every machine, and
   each item lists the defect as still present;
 - 0.33.0 with the same declaration still fails, on the seed's bug (the admitted keys);
-- 0.34.0 with that defect mended (tests/upstream_patches.py) and the declaration kept fails:
+- 0.34.0 with that defect mended (releases/vllm_mends.py) and the declaration kept fails:
   the declaration no longer holds.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_releases import ADMITTED, PATCHED, releases, run_in
+from releases.vllm import ADMITTED, PATCHED, releases, run_in
 
 pytestmark = pytest.mark.vllm
 

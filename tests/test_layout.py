@@ -233,6 +233,41 @@ def test_a_source_tree_never_installed_serves_exactly_the_three_parts():
     assert answer["twice"] == {}, answer["twice"]
 
 
+SECOND_CHECKOUT = """
+import json, kvgate, kvgate.model, kvgate.impl, kvgate.properties, kvgate.properties.oracle
+import kvgate.gate
+print(json.dumps({n: m.__file__ for n, m in (("kvgate", kvgate), ("kvgate.model", kvgate.model),
+    ("kvgate.impl", kvgate.impl), ("kvgate.properties", kvgate.properties),
+    ("kvgate.properties.oracle", kvgate.properties.oracle), ("kvgate.gate", kvgate.gate))}))
+"""
+
+
+def test_a_second_checkout_never_mixes_its_parts_with_the_installed_one(tmp_path):
+    """kvgate is installed (editable) from this tree; from a second checkout, ``import kvgate``
+    takes that checkout's ``kvgate/``, and its three parts must come from the same checkout,
+    not from the installed tree (which an editable install's finder would hand out)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    second = tmp_path / "second"
+    ignore = shutil.ignore_patterns("__pycache__")
+    for part in ("kvgate", "model", "impl", "properties"):
+        shutil.copytree(ROOT / part, second / part, ignore=ignore)
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_CHECKOUT],
+        cwd=second,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    files = json.loads(done.stdout)
+    mixed = {n: f for n, f in files.items() if not Path(f).resolve().is_relative_to(second)}
+    assert not mixed, f"loaded from another tree than {second}: {mixed}"
+
+
 def test_no_file_of_the_tree_is_loaded_under_two_names_here():
     """In this test process (the installed tree, its root on ``sys.path``): the three folders'
     own names are refused, and every file of the tree that is loaded has one name."""

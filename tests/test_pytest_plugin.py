@@ -198,7 +198,7 @@ def test_a_campaign_keys_its_finds_where_the_gate_replays_them():
     from hypothesis.internal.reflection import function_digest
     from hypothesis.stateful import get_state_machine_test
 
-    from kvgate.cli.runs import resolve_targets, run_one
+    from kvgate.gate import resolve_targets, run_one
     from kvgate.pytest_plugin import Case, _fuzz_machine
 
     (target,) = resolve_targets(["mutant:every_offer_counts"])

@@ -20,7 +20,7 @@ import re
 
 import pytest
 
-from tests.vllm_releases import SKIPS, gate_facts, gate_only, run_in
+from releases.vllm import SKIPS, gate_facts, gate_only, run_in
 
 pytestmark = pytest.mark.vllm
 

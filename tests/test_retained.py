@@ -133,7 +133,7 @@ print(json.dumps([got.passed, got.message]))
 def test_vllm_lru_without_compaction_is_caught():
     """0.34.0's LRU with its heap compaction switched off (tests/upstream_variants.py) is
     caught by the manager machine at the ``ci`` budget, on the retained state alone."""
-    from tests.vllm_releases import probe, releases
+    from releases.vllm import probe, releases
 
     if "0.34.0" not in releases():
         pytest.skip("0.34.0 is not gated")

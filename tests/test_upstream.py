@@ -1,4 +1,4 @@
-"""The real upstream: each vLLM release CI gates, in its own environment (tests/vllm_releases.py).
+"""The real upstream: each vLLM release CI gates, in its own environment (releases/vllm.py).
 
 The verdicts below are what kvgate must say about each release (README, docs/upstream.md):
 
@@ -10,7 +10,7 @@ The verdicts below are what kvgate must say about each release (README, docs/ups
   key it had earlier had admitted is never counted. Every machine of the default gate fails it
   on the skip metric and nothing else: with that defect declared known it passes under the
   ``ci`` profile (tests/test_known_defects_vllm.py), and with that one thing put right
-  (tests/upstream_patches.py) vLLM's scheduler machine passes it under ``thorough`` (kvgate's
+  (releases/vllm_mends.py) vLLM's scheduler machine passes it under ``thorough`` (kvgate's
   own two machines there: measured, docs/upstream.md).
 
 A release named in .ci/vllm-releases.txt without an entry here is only required to be checked
@@ -24,7 +24,7 @@ import re
 
 import pytest
 
-from tests.vllm_releases import (
+from releases.vllm import (
     ADMITTED,
     MENDED,
     OVERCOUNT,
@@ -103,7 +103,7 @@ def test_the_gate_gives_each_release_its_verdict(version):
 
 def test_0_34_0_with_the_skip_counted_once_passes_vllms_scheduler_under_thorough():
     """0.34.0's one defect is the skip metric. The release with it put right
-    (tests/upstream_patches.py, the target of the connector mutation suite over 0.34.0's code)
+    (releases/vllm_mends.py, the target of the connector mutation suite over 0.34.0's code)
     passes vLLM's scheduler machine under ``thorough``, its explicit programs included, every
     label hit, sync and async. (Under ci, the release as it is with that defect declared known
     passes every machine: tests/test_known_defects_vllm.py, through the pytest plugin; kvgate's
@@ -134,7 +134,7 @@ def test_0_34_0_with_the_skip_counted_once_passes_vllms_scheduler_under_thorough
 
 
 def test_0_33_0_with_the_seed_fix_backported_passes_kvgates_machines():
-    """0.33.0 with the seed's counting put back (tests/upstream_patches.py, the target of the
+    """0.33.0 with the seed's counting put back (releases/vllm_mends.py, the target of the
     0.33.0 mutation suites) passes every machine under ci, checked exactly, touch included;
     through vLLM's own scheduler too, since the mended target also carries 0.34.0's fix to the
     connector's reset (0.33.0's asserts when the cache is reset twice before a step:
@@ -157,7 +157,7 @@ VARIANTS = {
 }
 VARIANTS_PROBE = """
 import json
-from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine
+from kvgate.properties.engines.vllm import machine as vllm_scheduler_machine
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.profiles import FIRST_FAILURE
 from kvgate.properties.runner import run_machine

@@ -11,10 +11,10 @@ import pytest
 from kvgate.cli import main
 from kvgate.impl.base import make_key
 from kvgate.properties.adapters import Config, TargetError
+from kvgate.properties.engines.vllm.adapter import resolve_vllm
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.runner import run_machine
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_harness.adapter import resolve_vllm
 
 NO_TOUCH = "vllm=tests.fake_vllm:FakeManagerWithoutTouch"
 WITH_TOUCH = "vllm=tests.fake_vllm:FakeManager"

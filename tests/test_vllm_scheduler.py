@@ -1,5 +1,5 @@
-"""vLLM's own scheduling path under a machine (properties/vllm_harness/machine.py), in each
-release environment CI builds (tests/vllm_releases.py), and its checks without vLLM.
+"""vLLM's own scheduling path under a machine (properties/engines/vllm/machine.py), in each
+release environment CI builds (releases/vllm.py), and its checks without vLLM.
 
 The verdicts (issue 24):
 
@@ -8,7 +8,7 @@ The verdicts (issue 24):
   the key), in at most 12 steps, with vLLM's default of KV events off and with them drawn (its
   store events' inert ``removal_expected`` field is not read: spec §10);
 - 0.34.0 fails on the skip undercount only: with just that mended
-  (tests/upstream_patches.py:SkipCountedOnce) it passes under ``thorough``, sync and async
+  (releases/vllm_mends.py:SkipCountedOnce) it passes under ``thorough``, sync and async
   (tests/test_upstream.py).
 
 Each request-level check breaks on a known-bad variant: cold admissions on 0.33.0's own manager
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_releases import (
+from releases.vllm import (
     ADMITTED,
     MENDED,
     OVERCOUNT,
@@ -76,12 +76,12 @@ FAULTS = {
     "drop_removals": "published CPU events differ from the manager's ready keys: "
     "announced but not ready",
     "store_failure_ignored": " is ready as ",
-    # the bytes worker (properties/vllm_harness/bytes_worker.py)
+    # the bytes worker (properties/engines/vllm/bytes_worker.py)
     "ignore_flush": "was reused before the copy ran",
     "load_wrong_chunk": "but its block",
     "load_one_group": " of group 1 (tokens ",
     "skip_block_copies": " computes with GPU block ",
-    # the connector's scheduler side, exactly (properties/vllm_harness/exact.py)
+    # the connector's scheduler side, exactly (properties/engines/vllm/exact.py)
     "phantom_hit": "phantom hit: the connector reported",
     "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
     "skip_new_request": "before on_new_request told it of that request",
@@ -97,11 +97,11 @@ FAULTS = {
     "defer_always": "lookup (answered None) with no transfer in flight",
     "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
     "tiers_ignored": "lets it load from cpu/local, cpu/remote, storage/local",
-    # self-describing KV events (properties/vllm_harness/event_payload.py)
+    # self-describing KV events (properties/engines/vllm/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",
-    # the connector's error log (properties/vllm_harness/error_log.py)
+    # the connector's error log (properties/engines/vllm/error_log.py)
     "false_recovery": "the connector logged an error by the time",
-    # the connector's lookup metrics (properties/vllm_harness/lookup_metrics.py)
+    # the connector's lookup metrics (properties/engines/vllm/lookup_metrics.py)
     "drop_async_delay": "vllm:kv_offload_lookup_async_delay_seconds histogram holds",
 }
 
@@ -110,9 +110,9 @@ FAULTS = {
 # find_only, kv_events); find_only stops at the first failure, unshrunk; kv_events None: drawn.
 PROBE = """
 import json
-from kvgate.properties.vllm_harness import configs as ve_configs
-from kvgate.properties.vllm_harness import engine as ve
-from kvgate.properties.vllm_harness.machine import summary
+from kvgate.properties.engines.vllm import configs as ve_configs
+from kvgate.properties.engines.vllm import engine as ve
+from kvgate.properties.engines.vllm.machine import summary
 out = {{"runs": []}}
 for spec, profile, fault, find_only, events in {runs!r}:
     got = summary(spec, profile, fault=fault, find_only=find_only, kv_events=events)
@@ -140,7 +140,7 @@ if {window_reset!r}:
     # other block is held); a cache reset that leaves r1 running sends it back to chunk 0, and
     # at its end it stores its first chunks from the block ids the window had freed.
     from kvgate.properties.targets import resolve_target
-    from kvgate.properties.vllm_harness.layouts import Layout
+    from kvgate.properties.engines.vllm.layouts import Layout
     setup = ve_configs.Setup(num_chunks=4, store_threshold=2, offload_prompt_only=False,
                              kv_events=False, layout=Layout((None, 3)))
     engine = ve.VllmEngine(setup, resolve_target({patched!r}))
@@ -260,7 +260,7 @@ def test_the_defects_both_releases_share_fail_them_and_pass_their_mends(version)
     first block unwritten and loaded whole later; a connector hit beside a recurrent group
     counted a block short, so the scheduler raises on the pool's last block; a drafter's key
     offered twice in one step beside a recurrent group. Each plain reproduction exits 1 on the
-    release as it is and 0 on the mended target, whose mends (tests/upstream_patches.py) the
+    release as it is and 0 on the mended target, whose mends (releases/vllm_mends.py) the
     mutation suites run behind."""
     if version not in MENDED:
         pytest.skip(f"{version} has no mended target")
@@ -277,7 +277,7 @@ def test_the_defects_both_releases_share_fail_them_and_pass_their_mends(version)
 RESET_TWICE_PROBE = """
 import json
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_harness import configs, engine
+from kvgate.properties.engines.vllm import configs, engine
 out = {{}}
 for spec in ("vllm", {mended!r}):
     run = engine.VllmEngine(configs.Setup(num_chunks=2, store_threshold=1, kv_events=False),
@@ -299,7 +299,7 @@ print(json.dumps(out))
 def test_a_second_reset_before_a_step_raises_in_0_33_0_only(version):
     """vLLM 0.33.0's connector asserts on a second cache reset before a step while the first
     left jobs to flush (docs/repro/vllm_0_33_0_reset_twice.py); 0.34.0 merges them, and the
-    mended 0.33.0 target (tests/upstream_patches.py) carries that fix to its connector."""
+    mended 0.33.0 target (releases/vllm_mends.py) carries that fix to its connector."""
     mended = MENDED.get(version, "vllm")
     got = probe(version, RESET_TWICE_PROBE.format(mended=mended))
     assert got["vllm"] == ("raised" if version == "0.33.0" else "ran"), got
@@ -376,8 +376,8 @@ def _no_vllm(monkeypatch) -> None:
 
 def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
     from kvgate.properties.adapters import TargetError
+    from kvgate.properties.engines.vllm import machine
     from kvgate.properties.targets import Target
-    from kvgate.properties.vllm_harness import machine
 
     _no_vllm(monkeypatch)
     why = machine.unavailable_reason()
@@ -391,8 +391,8 @@ def test_without_vllm_the_machine_says_how_to_install_a_release(monkeypatch):
 
 def test_a_target_that_is_not_a_vllm_manager_is_refused_in_one_line(monkeypatch):
     from kvgate.properties.adapters import TargetError
+    from kvgate.properties.engines.vllm import machine
     from kvgate.properties.targets import resolve_target
-    from kvgate.properties.vllm_harness import machine
 
     monkeypatch.setattr(machine, "unavailable_reason", lambda: None)
     with pytest.raises(
@@ -408,7 +408,7 @@ class _Spec:
 
 
 def _checks(ready=()):
-    from kvgate.properties.vllm_harness.checks import Checks
+    from kvgate.properties.engines.vllm.checks import Checks
 
     return Checks(2, lambda key: key in ready, lambda key: key[:1].decode())
 
@@ -507,7 +507,7 @@ def test_published_events_must_announce_exactly_the_ready_keys():
 def test_a_sliding_window_hit_needs_only_the_chunks_its_window_keeps():
     """Spec §7.2, without vLLM: chunks of 2 tokens, full attention beside a window of 3 tokens
     (the connector's window: cdiv(3, 2) = 2 chunks, one more than the window keeps)."""
-    from kvgate.properties.vllm_harness.layouts import Layout
+    from kvgate.properties.engines.vllm.layouts import Layout
 
     layout = Layout((None, 3))
     ready = {(0, c) for c in range(4)} | {(1, 2), (1, 3)}  # the window group lost chunks 0, 1
@@ -534,7 +534,7 @@ def test_a_hit_beside_a_recurrent_group_needs_its_state_at_the_hit():
     two), full attention beside a recurrent (Mamba) group. A hit ending at token E needs the
     recurrent state after exactly E tokens, and every full-attention chunk below E, the last
     one whole or cut at E (its key is the block hash ending at E)."""
-    from kvgate.properties.vllm_harness.layouts import Layout
+    from kvgate.properties.engines.vllm.layouts import Layout
 
     layout = Layout((None, None), recurrent=1)
     # full attention: chunks 0 and 1 whole (hashes 1, 3), a partial tail at token 10 (hash 4);
@@ -557,7 +557,7 @@ def test_a_hit_beside_a_recurrent_group_needs_its_state_at_the_hit():
 
 RECURRENT_ONLY = """
 import json
-from kvgate.properties.vllm_harness import layouts, machine
+from kvgate.properties.engines.vllm import layouts, machine
 machine.available = lambda: tuple(l for l in layouts.available() if l.recurrent is not None)
 out = {{}}
 if machine.available():

@@ -1,6 +1,6 @@
 """Known-bad variants of vLLM 0.34.0's manager, each breaking one thing that only the newer
 exact checks see (tests/test_upstream.py shows each one caught): built on
-``tests.upstream_patches.SkipCountedOnce``, which passes every machine, so that the one thing
+``releases.vllm_mends.SkipCountedOnce``, which passes every machine, so that the one thing
 is all that differs. The module imports vLLM when it is loaded.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from vllm.v1.kv_offload.cpu.common import CPUOffloadingMetrics
 
-from tests.upstream_patches import SkipCountedOnce
+from releases.vllm_mends import SkipCountedOnce
 
 
 def _never() -> None:

@@ -14,7 +14,7 @@ two clients' calls arriving between two steps would. Exit 1 when the second rese
 
 import sys
 
-from kvgate.properties.vllm_harness import configs, engine
+from kvgate.properties.engines.vllm import configs, engine
 
 setup = configs.Setup(num_chunks=2, store_threshold=1, offload_prompt_only=False, kv_events=False)
 run = engine.VllmEngine(setup)

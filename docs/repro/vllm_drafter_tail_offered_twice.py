@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from kvgate.properties.engines.vllm import machine
+from kvgate.properties.engines.vllm.layouts import Layout
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_harness import machine
-from kvgate.properties.vllm_harness.layouts import Layout
 
 TARGET = sys.argv[1] if len(sys.argv) > 1 else "vllm"  # the release as it is, or a mended one
 

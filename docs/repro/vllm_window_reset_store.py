@@ -6,7 +6,7 @@ manager calls ready holds exactly the KV its key names).
 Through vLLM's own Scheduler and OffloadingConnector (kvgate's engine: a worker that moves
 bytes, each GPU block's content a hash of its token prefix), with full attention beside a
 sliding window of 3 tokens, 2 tokens a block, store_threshold=2, 4 CPU chunks, the manager's
-known defect mended (tests/vllm_releases.py's MENDED). r1 (prompt [1,1,1,1,1,1], 3 tokens to
+known defect mended (releases/vllm.py's MENDED). r1 (prompt [1,1,1,1,1,1], 3 tokens to
 generate) is prefilled; every free GPU block is then taken, so the blocks r1's window frees at
 the next step are the only ones the scheduler can hand out. r2 arrives, and the prefix cache is
 reset with r1 left running (``reset_prefix_cache(reset_running_requests=False)``). The reset
@@ -19,14 +19,14 @@ store.
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.upstream_patches
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # releases.vllm_mends
 
 import vllm
 
+from kvgate.properties.engines.vllm import configs, engine
+from kvgate.properties.engines.vllm.layouts import Layout
 from kvgate.properties.targets import resolve_target
-from kvgate.properties.vllm_harness import configs, engine
-from kvgate.properties.vllm_harness.layouts import Layout
-from tests.vllm_releases import MENDED
+from releases.vllm import MENDED
 
 # the release with its manager's known defect mended, so that only the connector is judged
 target = resolve_target(MENDED.get(vllm.__version__, "vllm"))

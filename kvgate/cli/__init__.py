@@ -9,7 +9,7 @@
     kvgate replay TRACE ...        (a request trace through the scheduler driver)
 
 Without ``--machine``, ``check`` runs every machine that applies to each target and can run
-here (``runs.MACHINES``; ``kvgate list`` says which), and names the ones it left out and why;
+here (``kvgate.gate.MACHINES``; ``kvgate list`` says which), and names the ones it left out and why;
 ``--machine manager`` is the quick path.
 
 Exit codes: 0 every property holds (``mutants``: every variant caught), 1 a counterexample
@@ -26,10 +26,11 @@ On a failure: the shrunk steps, the answer that differed (target against model),
 (the counterexample's, for a failing run) as JSON lines; ``--junit-xml FILE`` one testcase per
 machine and target.
 
-The package: ``check``, ``mutants`` and ``listing`` are the subcommands (``kvgate replay`` is
-``kvgate.replay.command``); ``runs`` holds the machine registry and runs one machine against
-one target; ``options`` holds the flags they share and the example database; ``display``
-prints; ``reports`` writes every report file; ``errors`` is what exits 2.
+The package parses arguments and prints, nothing more: the gate itself (the machine registry,
+the plan, one run, its text and its report files) is ``kvgate.gate``, which the pytest plugin
+and repro files call too. ``check``, ``mutants`` and ``listing`` are the subcommands
+(``kvgate replay`` is ``kvgate.replay.command``); ``options`` holds the flags they share;
+``display`` prints; ``errors`` turns argparse's errors into one line (exit 2).
 """
 
 from __future__ import annotations
@@ -38,12 +39,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kvgate.gate import build_machine, run_one
 from kvgate.outputs import OutputError
 from kvgate.properties.adapters import TargetError
 
 from . import check, listing, mutants
 from .errors import Parser, UsageError, one_line
-from .runs import build_machine, run_one
 
 __all__ = ["build_machine", "main", "make_parser", "run_one"]
 

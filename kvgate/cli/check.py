@@ -4,28 +4,29 @@ reports asked for. Every path and value is checked before the first run."""
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 
-from kvgate.properties.known import KnownDefectError, KnownDefectGone, check_declarations
-from kvgate.properties.runner import PROFILE_DATABASE
-from kvgate.properties.targets import Target
-
-from .display import Display, use_rich
-from .errors import UsageError
-from .options import add_run_options, check_outputs, database_of
-from .reports import write_history, write_junit, write_repro
-from .runs import (
+from kvgate.gate import (
     KeepProfile,
     Plan,
     Run,
+    UsageError,
     choose_profile,
+    exit_code,
     plan_runs,
     profile_settings,
     resolve_targets,
     run_one,
 )
+from kvgate.gate.reports import write_history, write_junit, write_repro
+from kvgate.gate.text import coverage_lines, failure_lines, not_checked_lines, run_lines
+from kvgate.properties.known import KnownDefectError, check_declarations
+from kvgate.properties.runner import PROFILE_DATABASE
+from kvgate.properties.targets import Target
+
+from .display import Display, use_rich
+from .options import add_run_options, check_outputs, database_of
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -133,12 +134,14 @@ def cmd_check(args) -> int:
             if tick is not None:
                 tick.done()
             runs.append(run)
-            print_run(display, run)
+            for line in run_lines(run):
+                display.line(line)
             if run.status != "PASS":
                 failed.setdefault(target.spec, kind)
         for run in runs:
             if run.status == "FAIL":
-                print_failure(display, run)
+                for line in failure_lines(run):
+                    display.line(line)
         if args.repro:
             n = write_repro(args.repro, runs, steps)
             if n:
@@ -174,131 +177,6 @@ def known_defects(names: Sequence[str]) -> tuple[str, ...]:
         return check_declarations(names)
     except KnownDefectError as exc:
         raise UsageError(f"--known-defect: {exc}") from None
-
-
-def exit_code(runs: Sequence[Run]) -> int:
-    if any(r.status == "ERROR" for r in runs):
-        return 2
-    return 1 if any(r.status == "FAIL" for r in runs) else 0
-
-
-def examples_text(r) -> str:
-    """How many test cases a run tried, by where they came from."""
-    p = r.phases
-    parts = [f"{p.get('generated', 0)} new"]
-    if p.get("reused"):
-        parts.append(f"{p['reused']} from the example database")
-    if p.get("invalid"):
-        parts.append(f"{p['invalid']} invalid")
-    if p.get("shrinking"):
-        parts.append(f"{p['shrinking']} while shrinking")
-    return f"{r.examples} examples ({', '.join(parts)})"
-
-
-def print_run(display: Display, run: Run) -> None:
-    r = run.outcome
-    figures = f"{examples_text(r)}, {r.steps} steps, {r.seconds:.1f}s"
-    if run.status == "PASS":
-        display.line(f"PASS  {run.name}: {figures}")
-    elif run.status == "FAIL":
-        display.line(f"FAIL  {run.name}: counterexample in {r.shrunk_steps} steps ({figures})")
-    else:
-        display.line(f"ERROR {run.name}: {run.target_error}")
-    if run.known is not None and r is not None:
-        passed = r.passed or isinstance(r.error, KnownDefectGone)
-        for line in run.known.lines(passed):
-            display.line(f"      {line}")
-
-
-def _differing(history: list[dict]) -> dict | None:
-    """The last recorded call whose target answer and model answer differ."""
-    for entry in reversed(history or []):
-        if entry.get("target") != entry.get("model") and entry.get("call") != "configure":
-            return entry
-    return None
-
-
-def annotated_program(program: Sequence[str], error: BaseException | None) -> list[str]:
-    """The printed steps, with a comment under the step that diverged (the last one run)
-    naming the call inside it that answered differently, or the check that failed and the
-    call before it."""
-    lines = list(program)
-    what = getattr(error, "call", "")
-    if not what:
-        return lines
-    last = getattr(error, "last_call", "")
-    comment = f"# diverged at call {getattr(error, 'call_no', '?')}: {what}"
-    if last and last != what:
-        comment += f" (the latest call: {last})"
-    for i in range(len(lines) - 1, -1, -1):
-        line = lines[i].strip()
-        if line.startswith("state.") and not line.startswith("state.teardown("):
-            indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
-            lines.insert(i + 1, indent + comment)
-            break
-    return lines
-
-
-def print_failure(display: Display, run: Run) -> None:
-    r = run.outcome
-    display.line("")
-    display.line(f"--- counterexample: {run.name} ---")
-    display.line(r.message)
-    diff = _differing(r.history)
-    if diff is not None:
-        call = (
-            diff.get("args")
-            if diff.get("diverged")
-            else f"{diff.get('call')}{diff.get('args') or ''}"
-        )
-        display.line(f"  call:   {call}")
-        display.line(f"  target: {json.dumps(diff.get('target'), default=repr)}")
-        display.line(f"  model:  {json.dumps(diff.get('model'), default=repr)}")
-    if r.program:
-        display.line("shrunk steps:")
-        for line in annotated_program(r.program, r.error):
-            display.line(f"  {line}")
-    display.line("")
-
-
-def coverage_lines(runs: Sequence[Run]) -> list[str]:
-    """Per machine: the labels its passing runs were required to hit, how many they hit."""
-    out = []
-    for kind in dict.fromkeys(r.machine for r in runs):
-        passed = [r.outcome for r in runs if r.machine == kind and r.status == "PASS"]
-        if not passed:
-            out.append(
-                f"coverage ({kind}): not measured (no run passed; a failing run stops "
-                "at its counterexample)"
-            )
-            continue
-        expected = list(dict.fromkeys(label for r in passed for label in r.expected))
-        hit = {
-            label: sum(r.labels.get(label, 0) for r in passed if label in r.expected)
-            for label in expected
-        }
-        missed = [label for label in expected if not hit[label]]
-        shown = ", ".join(f"{label} {n}" for label, n in hit.items() if n) or "none"
-        scope = (
-            ""
-            if len(passed) == sum(r.machine == kind for r in runs)
-            else f" (the {len(passed)} passing run{'s' * (len(passed) > 1)})"
-        )
-        explicit = sum(r.explicit for r in passed)
-        out.append(
-            f"coverage ({kind}){scope}: {len(expected) - len(missed)}/{len(expected)} "
-            f"required labels hit: {shown}"
-            + (f"; not hit: {', '.join(missed)}" if missed else "")
-            + (f"; explicit programs passed: {explicit}" if explicit else "")
-        )
-    return out
-
-
-def not_checked_lines(targets: Sequence[Target]) -> list[str]:
-    """What each foreign or incomplete target was not checked for, and why."""
-    return [
-        f"not checked for {t.spec}: {'; '.join(parts)}" for t in targets if (parts := t.unchecked())
-    ]
 
 
 def print_summary(

@@ -1,13 +1,13 @@
-"""What ends a command with exit 2 and one line: usage errors, and argparse's errors on one
-line."""
+"""argparse's errors as one line: the command line's share of exit 2 (``UsageError`` itself is
+the gate's, ``kvgate.gate.errors``)."""
 
 from __future__ import annotations
 
 import argparse
 
+from kvgate.gate.errors import UsageError, one_line
 
-class UsageError(Exception):
-    """A bad flag, value or environment variable (exit 2)."""
+__all__ = ["Parser", "UsageError", "one_line"]
 
 
 class Parser(argparse.ArgumentParser):
@@ -15,9 +15,3 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
-
-
-def one_line(text: str) -> str:
-    """The first non-empty line of ``text``, stripped."""
-    lines = [line for line in str(text).splitlines() if line.strip()]
-    return lines[0].strip() if lines else ""

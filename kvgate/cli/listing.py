@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from kvgate.gate import MACHINES, choose_profile
 from kvgate.properties.profiles import PROFILES
-
-from .runs import MACHINES, choose_profile
 
 # Each target kind and how it is judged (spec §9: exactly, or its open choices checked and
 # adopted); tests/test_cli.py holds this to what spec §9 says of each kind.
@@ -51,7 +50,7 @@ def machine_lines() -> list[str]:
 
 def cmd_list(args) -> int:
     from kvgate.properties.catalogue.managers import MUTANTS
-    from kvgate.properties.vllm_harness.adapter import VLLM_MANAGER
+    from kvgate.properties.engines.vllm.adapter import VLLM_MANAGER
 
     now = choose_profile(None)
     out = ["targets:"]

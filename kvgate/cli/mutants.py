@@ -6,12 +6,19 @@ import argparse
 import time
 
 from kvgate.argtypes import positive
+from kvgate.gate import (
+    KeepProfile,
+    MutantResult,
+    choose_profile,
+    plan_runs,
+    profile_settings,
+    run_one,
+)
+from kvgate.gate.reports import write_mutants_junit
 from kvgate.properties.targets import TargetError, resolve_target
 
 from .display import Display, use_rich
 from .options import add_run_options, check_outputs
-from .reports import write_mutants_junit
-from .runs import KeepProfile, MutantResult, choose_profile, plan_runs, profile_settings, run_one
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

@@ -6,12 +6,12 @@ import argparse
 import os
 
 from kvgate.argtypes import positive
-from kvgate.outputs import OutputError, check_directory, check_output
+from kvgate.gate.database import open_database
+from kvgate.gate.errors import UsageError
+from kvgate.gate.machines import MACHINES
+from kvgate.outputs import OutputError, check_output
 from kvgate.properties.profiles import PROFILES
 from kvgate.properties.runner import PROFILE_DATABASE
-
-from .errors import UsageError
-from .runs import MACHINES
 
 OUTPUT_FLAGS = (("--repro", "repro"), ("--history", "history"), ("--junit-xml", "junit_xml"))
 
@@ -96,34 +96,6 @@ def database_of(args: argparse.Namespace):
     if not args.database:
         return PROFILE_DATABASE
     return open_database(args.database)
-
-
-def open_database(spec: str):
-    """``DIR`` -> a directory database (made if missing; it must be writable, or failures are
-    never saved); ``redis://HOST:PORT[/DB]`` -> a Redis one. ``UsageError`` (one line) when it
-    cannot be opened."""
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        try:
-            import redis
-            from hypothesis.extra.redis import RedisExampleDatabase
-        except ImportError:
-            raise UsageError(
-                f"--database {spec}: needs the redis client (pip install 'kvgate[redis]')"
-            ) from None
-        client = redis.Redis.from_url(spec, socket_connect_timeout=5)
-        try:
-            client.ping()
-        except Exception as exc:  # connection refused, auth, ...
-            text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UsageError(f"--database {spec}: cannot reach it: {text}") from None
-        return RedisExampleDatabase(client)
-    from hypothesis.database import DirectoryBasedExampleDatabase
-
-    try:
-        check_directory("--database", spec)
-    except OutputError as exc:
-        raise UsageError(str(exc)) from None
-    return DirectoryBasedExampleDatabase(spec)
 
 
 def check_outputs(args, flags=OUTPUT_FLAGS) -> None:

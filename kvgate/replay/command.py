@@ -248,7 +248,7 @@ def check_device(args) -> None:
 def check_vllm_scheduler(runs) -> None:
     """``--scheduler vllm``: vLLM's scheduler imports, every target is a vLLM manager, and no
     flag asks for what that path cannot do."""
-    from kvgate.properties.vllm_harness.configs import is_vllm_target, unavailable_reason
+    from kvgate.properties.engines.vllm.configs import is_vllm_target, unavailable_reason
 
     from .vllm_path import unsupported
 

@@ -51,9 +51,9 @@ def replay_vllm(
     check: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReplayReport:
+    from kvgate.properties.engines.vllm.configs import Setup
+    from kvgate.properties.engines.vllm.engine import VllmEngine
     from kvgate.properties.oracle import Divergence
-    from kvgate.properties.vllm_harness.configs import Setup
-    from kvgate.properties.vllm_harness.engine import VllmEngine
 
     policy: str = settings.policy or tgt.policies[0]
     s = replace(settings, policy=policy)

@@ -18,10 +18,10 @@ from tests.mutation import vllm_yardstick
 
 MUTANT = vllm_yardstick.install_mutant()
 
+from kvgate.properties.engines.vllm import machine as vllm_scheduler_machine  # noqa: E402 - the mutant first
 from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - the mutant first
 from kvgate.properties.runner import run_machine  # noqa: E402 - the mutant first
 from kvgate.properties.targets import resolve_target  # noqa: E402 - the mutant first
-from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402 - the mutant first
 
 PROFILE = "ci"  # the default gate's budget (600 examples): the budget users run
 SPEC = os.environ.get("KVGATE_MUTATION_TARGET", "vllm")

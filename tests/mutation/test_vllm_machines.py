@@ -1,7 +1,7 @@
 """kvgate's machines alone against a mutated vLLM release (the vLLM suites of
 ``python -m bench.mutation``; docs/mutation.md).
 
-The target is the release with only its known defect mended (tests/upstream_patches.py,
+The target is the release with only its known defect mended (releases/vllm_mends.py,
 named by ``KVGATE_MUTATION_TARGET``, which bench/mutation.py sets per suite), so that the
 unmutated release passes and a failure here is a mutant caught. Every machine that applies to
 a vLLM target runs, checked exactly: the manager machine under each policy, kvgate's scheduler
@@ -32,12 +32,12 @@ if STAGED is not None:
     staged_vllm.install(Path.cwd())
 
 from kvgate.properties import scheduler_machine  # noqa: E402 - staged first
+from kvgate.properties.engines.vllm import machine as vllm_scheduler_machine  # noqa: E402 - staged first
+from kvgate.properties.engines.vllm.configs import configs  # noqa: E402 - staged first
 from kvgate.properties.manager_machine import make_machine  # noqa: E402 - staged first
 from kvgate.properties.profiles import FIRST_FAILURE  # noqa: E402 - staged first
 from kvgate.properties.runner import run_machine  # noqa: E402 - staged first
 from kvgate.properties.targets import resolve_target  # noqa: E402 - staged first
-from kvgate.properties.vllm_harness import machine as vllm_scheduler_machine  # noqa: E402 - staged first
-from kvgate.properties.vllm_harness.configs import configs  # noqa: E402 - staged first
 
 PROFILE = "ci"
 MANAGER_EXAMPLES = 300

@@ -14,7 +14,7 @@ release is docs/make_releases.py's job, not CI's.
 This module is the one reader of the release list: the page docs/upstream.md is made from the
 same runs (docs/make_upstream.py uses ``releases``, ``run_python`` and ``gate_facts`` from
 here), the benches run in the same environments (bench/release_envs.py uses ``releases`` and
-``envs_dir``), and .ci/run builds them from what ``python3 tests/vllm_releases.py`` prints (one
+``envs_dir``), and .ci/run builds them from what ``python3 releases/vllm.py`` prints (one
 version a line; it needs nothing but the standard library).
 """
 
@@ -32,11 +32,11 @@ RELEASES_FILE = ROOT / ".ci" / "vllm-releases.txt"
 
 # What the vLLM tests run and read: the release with only its known defect mended, the trace
 # replayed, and the reasons a counterexample gives for each release's defect.
-PATCHED = "vllm=tests.upstream_patches:SkipCountedOnce"
-# Each release with only its known defect mended (tests/upstream_patches.py): the target the
+PATCHED = "vllm=releases.vllm_mends:SkipCountedOnce"
+# Each release with only its known defect mended (releases/vllm_mends.py): the target the
 # mutation suites over that release's own code check (bench/mutation.py).
 MENDED = {
-    "0.33.0": "vllm=tests.upstream_patches:CountedOncePerRequest",
+    "0.33.0": "vllm=releases.vllm_mends:CountedOncePerRequest",
     "0.34.0": PATCHED,
 }
 TRACE = "tests/data/mooncake_conversation_300.jsonl"
@@ -94,7 +94,7 @@ def release_python(version: str) -> Path:
 
 
 def run_python(python: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    """``python ARGS`` from the repository root (so that ``tests.upstream_patches`` imports),
+    """``python ARGS`` from the repository root (so that ``releases.vllm_mends`` imports),
     with no Hypothesis or pytest settings leaking in, and one hash seed: vLLM's scheduler
     iterates sets of request ids, so with Python's per-process hash seed the same derandomized
     run of vLLM's scheduler machine finds and shrinks differently in each process (0.34.0's

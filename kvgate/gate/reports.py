@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from kvgate.outputs import write_atomic, write_with
 
 from .errors import one_line
-from .runs import MutantResult, Run
+from .run import MutantResult, Run
 
 
 def write_history(path: str, runs: Sequence[Run]) -> int:

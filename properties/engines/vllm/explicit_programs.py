@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..explicit import Program
+from ...explicit import Program
 
 Call = tuple[str, dict[str, Any]]
 CHECK: Call = ("request_level_checks", {})

@@ -22,8 +22,8 @@ checked, not left out: the mutation suites, whose mutants of the skip counting a
 would let through, and 0.33.0, whose defect is the admission rule, which no declaration can
 leave out.
 
-Use: ``kvgate check --target vllm=tests.upstream_patches:SkipCountedOnce`` with vLLM 0.34.0
-installed, ``vllm=tests.upstream_patches:CountedOncePerRequest`` with 0.33.0 (the module
+Use: ``kvgate check --target vllm=releases.vllm_mends:SkipCountedOnce`` with vLLM 0.34.0
+installed, ``vllm=releases.vllm_mends:CountedOncePerRequest`` with 0.33.0 (the module
 imports vLLM when it is loaded). These are the targets of the mutation suites over each
 release's own code (bench/mutation.py).
 """

@@ -1,4 +1,4 @@
-"""The machine over vLLM's own scheduling path (``properties.vllm_harness.engine``).
+"""The machine over vLLM's own scheduling path (``properties.engines.vllm.engine``).
 
 Each rule is an engine event, applied to the installed release's ``Scheduler`` (sync or async,
 and KV events on or off, drawn per example) with the ``OffloadingConnector``'s scheduler side
@@ -52,11 +52,11 @@ from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ..adapters import TargetError, raised_at
-from ..oracle import Divergence
-from ..search.coverage import Recorded
-from ..search.rule_choice import install as install_rule_choice
-from ..targets import Target
+from ...adapters import TargetError, raised_at
+from ...oracle import Divergence
+from ...search.coverage import Recorded
+from ...search.rule_choice import install as install_rule_choice
+from ...targets import Target
 from . import explicit_programs
 from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
 from .engine import FAULTS, VllmEngine
@@ -507,7 +507,7 @@ SETUP: dict[str, st.SearchStrategy[Any]] = dict(
 
 def drawn_layouts(target: Target) -> tuple:
     """The layouts drawn for ``target``: every one the release has (layouts.available) for a
-    target that carries the release's connector mends (tests/upstream_patches.py), and for the
+    target that carries the release's connector mends (releases/vllm_mends.py), and for the
     release as it is all but the two whose known connector defects (docs/upstream.md: the
     window of 4 keeping 2, a chunk stored with its first block unwritten; a drafter beside a
     recurrent group, a key offered twice in a step) would hide the others, as the reset that
@@ -544,7 +544,7 @@ def make_machine(
     for tests of the checks; ``kv_events`` fixes vLLM's ``enable_kv_cache_events`` (drawn when
     ``None``; vLLM's default is off). ``TargetError`` (one line) for another target or where
     vLLM is not importable."""
-    from ..manager_machine import machine_name
+    from ...manager_machine import machine_name
 
     why = unavailable_reason()
     if why:
@@ -611,8 +611,8 @@ def summary(
 
     from hypothesis import Phase
 
-    from ..runner import run_machine
-    from ..targets import resolve_target
+    from ...runner import run_machine
+    from ...targets import resolve_target
     from .configs import configs
 
     configs()  # built once, before the clock starts

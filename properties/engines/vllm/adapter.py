@@ -51,7 +51,7 @@ from kvgate.impl.base import (
     key_group,
 )
 
-from ..adapters import (
+from ...adapters import (
     POLICIES,
     Adapter,
     BadAnswer,

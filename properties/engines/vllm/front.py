@@ -12,8 +12,8 @@ from typing import Any
 
 from kvgate.impl.base import STORES_SKIPPED
 
-from ..adapters import Config, factory_takes, model_for
-from ..oracle import LockstepManager
+from ...adapters import Config, factory_takes, model_for
+from ...oracle import LockstepManager
 from .checks import Checks
 from .configs import Setup
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..adapters import factory_takes
+from ...adapters import factory_takes
 from .bytes_worker import BYTES_FAULTS, BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
@@ -64,7 +64,7 @@ class VllmEngine:
         from vllm.v1.structured_output import StructuredOutputManager
 
         if target is None:
-            from ..targets import resolve_target
+            from ...targets import resolve_target
 
             target = resolve_target("vllm")
         cfg = configs()
