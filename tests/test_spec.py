@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import io
-import os
 import posixpath
 import re
 import tokenize
@@ -26,7 +25,6 @@ SPEC = "docs/spec.md"
 # Files that hold old or broken citations on purpose: this test's bad cases and the
 # rewriter's patterns. (The spec itself is checked, but may use its own names bare.)
 EXEMPT = {"tests/test_spec.py", "docs/cite.py"}
-SKIP_DIRS = {".venv", ".vllm", "build", "mutants", ".git", "__pycache__", "node_modules"}
 
 REF = r"(?:§\d+(?:\.\d+)?|[AR]\d+)\b"
 SEP = r"(?:,[ \t]*\n?[ \t]*|\s+and\s+|\s+or\s+|-|/|:[ \t]+)"
@@ -208,24 +206,6 @@ def check_text(
     return checker.check(text, [(0, len(text), "prose")])
 
 
-def tree_files(root: Path) -> list[str]:
-    found = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(
-            d
-            for d in dirs
-            if d not in SKIP_DIRS
-            and not d.endswith(".egg-info")
-            and (not d.startswith(".") or d == ".ci")
-        )
-        rel_dir = Path(folder).relative_to(root)
-        for name in names:
-            rel = rel_dir / name
-            if rel.suffix in (".py", ".md", ".toml") or rel.parts[:1] == (".ci",):
-                found.append(rel.as_posix())
-    return sorted(found)
-
-
 # --- the spec's anchors ---------------------------------------------------------------------
 
 
@@ -404,7 +384,7 @@ def tree_findings(root: Path) -> list[str]:
     cite = load_cite()
     anchors = set(spec_anchors((root / SPEC).read_text(encoding="utf-8")))
     found = []
-    for rel in tree_files(root):
+    for rel in cite.tree_files(root):  # the one walker (the checker stays apart)
         if rel in EXEMPT:
             continue
         try:

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from kvgate.impl.tracker import AdmissionTracker
 from kvgate.model import admission as model_admission
+from kvgate.model.admission import Tracker
 
-Tracker = tuple[tuple[bytes, int], ...]
 Step = tuple[Tracker, frozenset[bytes], frozenset[bytes], tuple[bytes, ...], int]
 
 
