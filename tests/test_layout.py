@@ -206,20 +206,21 @@ print(json.dumps({{"found": found, "refused": refused,
 """
 
 
-def test_a_source_tree_never_installed_serves_exactly_the_three_parts():
+def _python_json(*args: str, cwd: Path):
+    """What a fresh interpreter run with ``args`` in ``cwd`` printed, as JSON."""
     import json
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-S", "-c", NEVER_INSTALLED.format(root=str(ROOT))],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    answer = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_a_source_tree_never_installed_serves_exactly_the_three_parts():
+    answer = _python_json("-S", "-c", NEVER_INSTALLED.format(root=str(ROOT)), cwd=ROOT)
     found = answer["found"]
     for part in ("model", "impl", "properties"):
         assert found[f"kvgate.{part}"] == str(ROOT / part / "__init__.py"), found
@@ -246,24 +247,13 @@ def test_a_second_checkout_never_mixes_its_parts_with_the_installed_one(tmp_path
     """kvgate is installed (editable) from this tree; from a second checkout, ``import kvgate``
     takes that checkout's ``kvgate/``, and its three parts must come from the same checkout,
     not from the installed tree (which an editable install's finder would hand out)."""
-    import json
     import shutil
-    import subprocess
-    import sys
 
     second = tmp_path / "second"
     ignore = shutil.ignore_patterns("__pycache__")
     for part in ("kvgate", "model", "impl", "properties"):
         shutil.copytree(ROOT / part, second / part, ignore=ignore)
-    done = subprocess.run(
-        [sys.executable, "-c", SECOND_CHECKOUT],
-        cwd=second,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    files = json.loads(done.stdout)
+    files = _python_json("-c", SECOND_CHECKOUT, cwd=second)
     mixed = {n: f for n, f in files.items() if not Path(f).resolve().is_relative_to(second)}
     assert not mixed, f"loaded from another tree than {second}: {mixed}"
 
