@@ -37,13 +37,7 @@ Checked, each failure one line naming blocks and chunks by the prompts they hold
   in a release that leaves null blocks out, leaves what the chunk held: only its last block is
   judged).
 
-Faults that break these (``BYTES_FAULTS``): ``ignore_flush`` (the worker runs a flushed store
-only when it is delivered, as if ``jobs_to_flush`` were empty), ``load_wrong_chunk`` (a load reads
-the chunk after the one the manager named, where the tier has more than one),
-``load_one_group`` (a load fills only the first KV-cache group's blocks: a sliding-window
-group computes with a window it never got), ``skip_block_copies`` (the scheduler's copy-on-write
-copies never run: a recurrent state handed off at a boundary inside a block is not in the block
-the connector stores it from).
+Its planted faults (a worker that breaks these) are in faults.py.
 """
 
 from __future__ import annotations
@@ -56,7 +50,6 @@ from .checks import Checks
 from .fake_worker import FakeWorker, extents, group_spans
 from .layouts import FULL_ATTENTION, Layout, key_group
 
-BYTES_FAULTS = ("ignore_flush", "load_wrong_chunk", "load_one_group", "skip_block_copies")
 _MASK = (1 << 62) - 1
 
 
@@ -91,7 +84,6 @@ class BytesWorker(FakeWorker):
         blocks_of: Callable[[str], tuple[list[int], ...]],
         prefix_of: Callable[[bytes], tuple[int, ...] | None],
         describe: Callable[[tuple[int, ...]], str],
-        fault: str | None = None,
     ):
         import torch
 
@@ -112,7 +104,6 @@ class BytesWorker(FakeWorker):
         self.blocks_of = blocks_of  # req_id -> its GPU blocks per group, in position order
         self.prefix_of = prefix_of  # key -> the token prefix it names, or None
         self.describe = describe
-        self.fault = fault
         self.names: dict[int, tuple[int, tuple[int, ...]]] = {}  # word -> (group, prefix)
         self.transfers: dict[int, tuple] = {}  # job -> what it copies
         self.chunk_key: dict[int, bytes] = {}  # CPU chunk -> the key last stored into it
@@ -195,8 +186,6 @@ class BytesWorker(FakeWorker):
         for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
             keys = self.checks.load_spec_keys(job.src_spec)
             self.transfers[job_id] = ("load", job.req_id, job.dst_spec, job.src_spec, keys)
-        if self.fault == "ignore_flush" and getattr(meta, "jobs_to_flush", None):
-            meta = _WithoutFlush(meta)
         super().receive(meta)
 
     def finish(self, jobs: Iterable[int]) -> None:
@@ -305,12 +294,10 @@ class BytesWorker(FakeWorker):
     def _load(self, job_id, req_id, gpu_ids, chunks, sizes, firsts, keys) -> None:
         """Each group's blocks from its chunks (keys and chunks in group order; a group's first
         block may sit inside its first chunk)."""
-        if self.fault == "load_wrong_chunk" and len(chunks) > 1:
-            chunks = chunks[::-1]
         keys = list(keys or ())
         at = used = 0  # where this group's GPU blocks and chunks start
         for group, (size, first) in enumerate(zip(sizes, firsts)):
-            if not size or (group and self.fault == "load_one_group"):
+            if not size:
                 continue
             offset = first % self.bpc
             count = -(-(offset + size) // self.bpc)
@@ -398,8 +385,6 @@ class BytesWorker(FakeWorker):
 
     def copy_blocks(self, copies: Any) -> None:
         """The scheduler's copy-on-write copies, before the batch runs."""
-        if self.fault == "skip_block_copies":
-            return
         for copy in copies:
             self.gpu[int(copy.dst_block_id)] = self.gpu[int(copy.src_block_id)]
             self.stats["block copies"] += 1
@@ -521,14 +506,3 @@ def _cut(rows: list[list[int]], want: list[list[int]] | None) -> list[list[int]]
     if want is None:
         return rows
     return [row[: len(w)] for row, w in zip(rows, want)]
-
-
-class _WithoutFlush:
-    """The connector metadata with no jobs to flush (fault ``ignore_flush``)."""
-
-    def __init__(self, meta: Any):
-        self._meta = meta
-        self.jobs_to_flush: set[int] = set()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._meta, name)

@@ -9,29 +9,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...adapters import factory_takes
-from .bytes_worker import BYTES_FAULTS, BytesWorker
+from . import faults
+from .bytes_worker import BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
-from .error_log import ERROR_LOG_FAULTS, ErrorLog
-from .event_payload import PAYLOAD_FAULTS, Publisher
-from .exact import EXACT_FAULTS, ExactChecks
+from .error_log import ErrorLog
+from .event_payload import Publisher
+from .exact import ExactChecks
 from .fake_worker import FakeWorker
-from .front import (
-    FRONT_FAULTS,
-    Front,
-    _Unchecked,
-    build_oracle,
-    manager_factory,
-    spec_config_info,
-)
+from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
 from .layouts import offload_key
 from .load_tiers import LOAD_FROM_CPU, LOAD_TIERS
-from .lookup_metrics import LOOKUP_FAULTS, LookupDelays
+from .lookup_metrics import LookupDelays
 
-# Every known-bad variant, one list built from where each is planted (tests of the checks).
-FAULTS = (
-    FRONT_FAULTS + BYTES_FAULTS + EXACT_FAULTS + LOOKUP_FAULTS + PAYLOAD_FAULTS + ERROR_LOG_FAULTS
-)
+# Every known-bad variant (tests of the checks), from the one registry that plants them.
+FAULTS = tuple(faults.FAULTS)
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -131,10 +123,10 @@ class VllmEngine:
             self.adapter, setup, target, key_name=self.key_name, log=log, config_info=info
         )
         front_of = self.oracle if lockstep else _Unchecked(self.adapter)
-        self.front = Front(front_of, self.adapter, real, self.checks, fault)
+        self.front = faults.built(fault, Front)(front_of, self.adapter, real, self.checks)
         self.connector.manager = self.front
         layout = setup.layout
-        self.sched.kv_event_publisher = Publisher(
+        self.sched.kv_event_publisher = faults.built(fault, Publisher)(
             self.checks,
             # a recurrent group's events carry no tokens (a state, not KV per token)
             described=lambda g: (
@@ -144,14 +136,13 @@ class VllmEngine:
             chunk_tokens=setup.block_size * setup.blocks_per_chunk,
             prefix_of=self._prefix_of_event,
             describe=lambda t: self.describe(t),
-            fault=fault if fault in PAYLOAD_FAULTS else None,
         )
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
         self._learned: dict[str, int] = {}  # req -> block hashes already learned
         self._by_external: dict[tuple[Any, int], list[bytes]] = {}  # (event hash, group) -> key
         self.describe: Callable[[tuple[int, ...]], str] = lambda t: repr(list(t))
         self.move_bytes = move_bytes
-        self.worker: FakeWorker = BytesWorker(
+        self.worker: FakeWorker = faults.built(fault, BytesWorker)(
             self.checks,
             gpu_blocks=setup.gpu_blocks,
             num_chunks=setup.num_chunks,
@@ -162,20 +153,19 @@ class VllmEngine:
             blocks_of=self._blocks_of,
             prefix_of=self._prefix_of,
             describe=lambda t: self.describe(t),
-            fault=fault if fault in BYTES_FAULTS else None,
         )
         if not move_bytes:  # a long replay: jobs and their accounting only, no data
+            if type(self.worker) is not BytesWorker:
+                raise ValueError(
+                    f"fault {fault!r} breaks the bytes worker, which move_bytes=False leaves out"
+                )
             self.worker = FakeWorker(self.checks, setup.blocks_per_chunk)
-        self.exact = ExactChecks(
-            self, self.checks, self._ready, fault if fault in EXACT_FAULTS else None
-        )
+        # a fault of the connector is planted before the checks wrap it: they judge it
+        faults.plant_on_connector(fault, self.connector, self)
+        self.exact = ExactChecks(self, self.checks, self._ready)
         self.front.exact = self.exact
-        self.lookup_delays = LookupDelays(
-            self.connector, self.checks, fault if fault in LOOKUP_FAULTS else None
-        )
-        self.error_log = ErrorLog(
-            self.connector, self.checks, fault if fault in ERROR_LOG_FAULTS else None
-        )
+        self.lookup_delays = LookupDelays(self.connector, self.checks)
+        self.error_log = ErrorLog(self.connector, self.checks)
         self.queue: list[_Batch] = []
         self.requests: dict[str, Any] = {}  # every request added, finished ones too
         self.transfer_params: dict[str, dict] = {}  # req -> the kv_transfer_params it was sent

@@ -6,20 +6,16 @@ lines, so one logged in a run where no engine call raised is a false report: che
 every step's metadata and every update (the run ends at the first engine call that raises, so
 every line this watch sees is unexplained).
 
-Known-bad connector (``ERROR_LOG_FAULTS``): ``false_recovery`` (every hook outside the step
-reports recovering a lock no step left held).
+Its planted fault (a connector that reports a recovery nothing called for) is in faults.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from typing import Any
 
 from .checks import Checks
-
-ERROR_LOG_FAULTS = ("false_recovery",)
 
 
 class _Lines(logging.Handler):
@@ -45,21 +41,11 @@ def _lines_of(logger: logging.Logger) -> _Lines:
 class ErrorLog:
     """Watches the logger of the connector's scheduler module for ERROR lines."""
 
-    def __init__(self, conn: Any, checks: Checks, fault: str | None = None):
+    def __init__(self, conn: Any, checks: Checks):
         self.checks = checks
         logger = getattr(sys.modules.get(type(conn).__module__), "logger", None)
         self.lines = _lines_of(logger) if isinstance(logger, logging.Logger) else None
         self.seen = len(self.lines.lines) if self.lines is not None else 0
-        if fault == "false_recovery" and logger is not None and hasattr(conn, "_manager_locked"):
-            locked = conn._manager_locked
-
-            @contextlib.contextmanager
-            def manager_locked():
-                logger.error("manager lock left held by a previous schedule(); releasing it")
-                with locked():
-                    yield
-
-            conn._manager_locked = manager_locked
 
     def check(self, when: str) -> None:
         if self.lines is None or len(self.lines.lines) <= self.seen:

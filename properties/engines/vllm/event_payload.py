@@ -11,8 +11,7 @@ hash per chunk (the key), as the ready-set check reads them:
   the chunk's first token to its key's end: a partial tail's event stops inside a block), and
   it has a parent block exactly when the chunk is not the request's first.
 
-Known-bad connector (``PAYLOAD_FAULTS``): ``shifted_payload`` (each store event carries the
-tokens of the chunk before its own, where there is one).
+Its planted fault (a connector whose events describe the wrong tokens) is in faults.py.
 """
 
 from __future__ import annotations
@@ -21,8 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .checks import Checks
-
-PAYLOAD_FAULTS = ("shifted_payload",)
 
 
 class Publisher:
@@ -37,7 +34,6 @@ class Publisher:
         chunk_tokens: int,
         prefix_of: Callable[[Any, int], tuple[int, ...] | None],
         describe: Callable[[tuple[int, ...]], str],
-        fault: str | None = None,
     ):
         self.checks = checks
         self.described = described  # group -> its events describe every block (self-describing)
@@ -45,7 +41,6 @@ class Publisher:
         self.chunk_tokens = chunk_tokens
         self.prefix_of = prefix_of  # (external hash, group) -> the prefix its chunk ends
         self.describe = describe  # a token prefix, as a failure names it
-        self.fault = fault
 
     def publish(self, batch: Any) -> None:
         events = list(getattr(batch, "events", ()))
@@ -81,8 +76,6 @@ class Publisher:
         self.checks.stats["event payloads"] += 1
         start = (len(prefix) - 1) // self.chunk_tokens * self.chunk_tokens  # the chunk's first
         want = list(prefix[start:])
-        if self.fault == "shifted_payload" and start:
-            tokens = list(prefix[max(0, start - self.chunk_tokens) : start])
         first = start == 0
         parent = getattr(event, "parent_block_hash", None)
         if tokens != want or (parent is None) != first:

@@ -41,21 +41,7 @@
   only for requests that are still running or still have transfers in flight, tracks only jobs
   the worker has not reported, and pins GPU blocks and loading chunks only for such jobs.
 
-Known-bad connectors that break them (``EXACT_FAULTS``): ``phantom_hit`` (one more chunk
-reported than the tier holds), ``reoffer`` (the stored-chunk index never advances: every chunk
-offered again at every step), ``skip_new_request`` (``on_new_request`` never reaches the
-manager), ``keep_finished`` (a finished request's state is never dropped),
-``ignore_max_load`` (a request's ``max_load_tokens`` is never read), ``drop_failure_metric``
-(one failed store allocation never reaches the connector's metric), ``lock_left_held`` (the
-step's region of the manager's lock is never closed), ``window_last_token`` (a
-layout with a sliding-window group gets a hit up to the request's last token, which must be
-recomputed with its window), ``drafter_unproven`` (a drafter's (EAGLE) group is taken for
-a target group: hits its chunk past the hit does not prove), ``reset_lost`` (a cache reset
-never reaches the manager), ``info_every_time`` (the tier's configuration asked of the manager
-for every stats payload), ``idle_with_jobs`` (the connector never says it has work pending:
-the engine goes idle with jobs in flight), ``defer_always`` (a lookup with no hit is deferred:
-the request waits for nothing), ``shutdown_lost`` (the connector's shutdown never reaches
-the manager), ``tiers_ignored`` (a request's ``kv_load_tiers`` never read).
+Its known-bad connectors (planted faults) are in faults.py.
 """
 
 from __future__ import annotations
@@ -63,27 +49,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import private_names as pn
 from .checks import Checks
 from .layouts import offload_key
-from .load_tiers import ignore_tiers, told
+from .load_tiers import told
 
-EXACT_FAULTS = (
-    "phantom_hit",
-    "reoffer",
-    "skip_new_request",
-    "keep_finished",
-    "ignore_max_load",
-    "drop_failure_metric",
-    "lock_left_held",
-    "window_last_token",
-    "drafter_unproven",
-    "reset_lost",
-    "info_every_time",
-    "idle_with_jobs",
-    "defer_always",
-    "shutdown_lost",
-    "tiers_ignored",
-)
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 
 
@@ -95,12 +65,10 @@ class ExactChecks:
         engine: Any,
         checks: Checks,
         is_ready: Callable[[bytes], bool],
-        fault: str | None = None,
     ):
         self.engine = engine
         self.checks = checks
         self.is_ready = is_ready
-        self.fault = fault
         self.conn = engine.connector
         self.chunk_tokens = engine.setup.block_size * engine.setup.blocks_per_chunk
         self.epoch: dict[str, int] = {}  # req_id -> preemptions seen
@@ -127,13 +95,8 @@ class ExactChecks:
             unsettled = self.unsettled
             got = original(request, num_computed_tokens, *args, **kwargs)
             hit = got[0] if isinstance(got, tuple) else got
-            if self.fault == "defer_always" and not hit:
-                hit, got = None, ((None, *got[1:]) if isinstance(got, tuple) else None)
             if hit is None and self.unsettled == unsettled:
                 self._deferred_for_nothing(request)
-            if self.fault == "phantom_hit" and hit:
-                hit += self.chunk_tokens
-                got = (hit, *got[1:]) if isinstance(got, tuple) else hit
             self._judge_hit(request, num_computed_tokens, hit, want)
             return got
 
@@ -156,34 +119,13 @@ class ExactChecks:
             return out
 
         conn.reset_cache = reset_cache_watched
-        if self.fault == "idle_with_jobs" and hasattr(conn, "has_pending_push_work"):
-            conn.has_pending_push_work = lambda: False
-        if self.fault == "tiers_ignored":
-            ignore_tiers(conn)
-        if self.fault == "shutdown_lost":
-            conn.shutdown = lambda: None
-        if self.fault == "reset_lost" and hasattr(conn, "_reset_cache"):
-            conn._reset_cache = lambda: None
-        if self.fault == "reoffer" and hasattr(conn, "_req_status"):
-            build = conn._build_store_jobs
-
-            def _build_store_jobs(scheduler_output):
-                out = build(scheduler_output)
-                for status in conn._req_status.values():
-                    for group in getattr(status, "group_states", ()):
-                        group.next_stored_chunk_idx = 0
-                return out
-
-            conn._build_store_jobs = _build_store_jobs
         get_stats = getattr(conn, "get_stats", None)
         if get_stats is not None:
 
             def counted_get_stats():
-                if self.fault == "info_every_time" and hasattr(conn, "_info_sent"):
-                    conn._info_sent = False
                 stats = get_stats()
                 asked = self.engine.front.calls["config_info"]
-                if hasattr(conn, "_info_sent") and asked > 1:
+                if hasattr(conn, pn.INFO_SENT) and asked > 1:
                     self.checks.fail(
                         f"the connector asked its manager's config_info {asked} times; the "
                         "tier's configuration rides on the first stats payload only"
@@ -191,45 +133,10 @@ class ExactChecks:
                 reduce = getattr(stats, "reduce", None)
                 if reduce is not None:
                     n = sum(v for k, v in reduce().items() if k.startswith(ALLOCATION_FAILURE))
-                    if self.fault == "drop_failure_metric" and n:
-                        n -= 1
                     self.failures_reported += n
                 return stats
 
             conn.get_stats = counted_get_stats
-        if self.fault == "lock_left_held" and hasattr(conn, "_release_step"):
-            conn._release_step = lambda: None
-        if self.fault == "ignore_max_load" and hasattr(conn, "_req_status"):
-            new_request = conn.on_new_request
-
-            def on_new_request(request):
-                new_request(request)
-                status = conn._req_status.get(request.request_id)
-                if status is not None and hasattr(status, "max_load_tokens"):
-                    status.max_load_tokens = None
-
-            conn.on_new_request = on_new_request
-        if self.fault == "window_last_token" and hasattr(conn, "_sliding_window_groups"):
-            lookup = conn._lookup_complete_chunks
-
-            def _lookup_complete_chunks(*args, **kwargs):
-                groups, conn._sliding_window_groups = conn._sliding_window_groups, ()
-                try:  # the cap a window needs (the last token left to recompute) is lost
-                    return lookup(*args, **kwargs)
-                finally:
-                    conn._sliding_window_groups = groups
-
-            conn._lookup_complete_chunks = _lookup_complete_chunks
-        if self.fault == "drafter_unproven" and hasattr(conn, "config"):
-            groups = getattr(conn.config, "kv_group_configs", ())
-            conn.config = conn.config._replace(
-                kv_group_configs=tuple(
-                    g._replace(is_eagle_group=False) if getattr(g, "is_eagle_group", False) else g
-                    for g in groups
-                )
-            )
-        if self.fault == "keep_finished" and hasattr(conn, "_req_status"):
-            conn._req_status = _NeverForgets(conn._req_status)
 
     # ------------------------------------------------------------------ hits
     def _keys(self, request: Any, group: int = 0, every_hash: bool = False) -> list[bytes]:
@@ -326,9 +233,13 @@ class ExactChecks:
         """A lookup answered ``None`` while every manager lookup in it was settled: only a
         transfer the connector tracks (or a reset's flushed jobs) can change the answer."""
         conn = self.conn
-        if not hasattr(conn, "_jobs"):
+        if not hasattr(conn, pn.JOBS):
             return  # a release that does not say what it tracks
-        if conn._jobs or getattr(conn, "_reset_fence", None) or self.engine.worker.in_flight:
+        if (
+            getattr(conn, pn.JOBS)
+            or getattr(conn, pn.RESET_FENCE, None)
+            or self.engine.worker.in_flight
+        ):
             return
         self.checks.fail(
             f"the connector deferred {request.request_id}'s lookup (answered None) with no "
@@ -510,18 +421,18 @@ class ExactChecks:
     def locked_call(self, name: str, held: int) -> None:
         """The connector enters the manager only inside the manager's lock (where it has one:
         a release whose connector holds a step region)."""
-        if held <= 0 and hasattr(self.conn, "_acquire_step"):
+        if held <= 0 and hasattr(self.conn, pn.ACQUIRE_STEP):
             self.checks.fail(f"the connector called the manager's {name} outside its lock")
 
     def lock_free(self, held: int, when: str) -> None:
-        if held and hasattr(self.conn, "_acquire_step"):
+        if held and hasattr(self.conn, pn.ACQUIRE_STEP):
             self.checks.fail(f"the manager's lock is still held {when}")
 
     # ------------------------------------------------------------------ idle
     def idle(self) -> None:
         """The scheduler says it has nothing to do: the connector must be waiting on no job
         (where it says when the engine must keep stepping)."""
-        jobs = getattr(self.conn, "_jobs", None)
+        jobs = getattr(self.conn, pn.JOBS, None)
         if jobs and hasattr(self.conn, "has_pending_push_work"):
             self.checks.fail(
                 f"the scheduler went idle while the connector tracks job(s) {sorted(jobs)} in "
@@ -532,8 +443,8 @@ class ExactChecks:
     def after_schedule(self, in_flight: set[int]) -> None:
         """After a step's metadata is built: what the connector keeps, and for whom."""
         conn = self.conn
-        statuses = getattr(conn, "_req_status", None)
-        jobs = getattr(conn, "_jobs", None)
+        statuses = getattr(conn, pn.REQ_STATUS, None)
+        jobs = getattr(conn, pn.JOBS, None)
         if statuses is None or jobs is None:
             return
         requests = self.engine.sched.requests
@@ -551,14 +462,14 @@ class ExactChecks:
             self.checks.fail(
                 f"the connector still tracks job(s) {unknown} the worker has reported done"
             )
-        pending = getattr(conn, "_block_id_to_pending_jobs", None) or {}
+        pending = getattr(conn, pn.PENDING_JOBS, None) or {}
         for block, ids in pending.items():
             if not set(ids) <= set(jobs):
                 self.checks.fail(
                     f"the connector fences GPU block {block} for job(s) it no longer tracks"
                 )
                 return
-        loading = getattr(conn, "_chunks_being_loaded", None) or set()
+        loading = getattr(conn, pn.CHUNKS_LOADING, None) or set()
         load_keys = {k for j in jobs.values() if not j.is_store for k in j.keys}
         left = [k for k in loading if k not in load_keys]
         if left:
@@ -566,10 +477,3 @@ class ExactChecks:
                 f"the connector marks {self.checks.name(bytes(left[0]))} as being loaded with "
                 "no load in flight"
             )
-
-
-class _NeverForgets(dict):
-    """The connector's per-request map that drops nothing (fault ``keep_finished``)."""
-
-    def __delitem__(self, key):
-        return None

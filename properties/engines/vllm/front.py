@@ -17,11 +17,6 @@ from ...oracle import LockstepManager
 from .checks import Checks
 from .configs import Setup
 
-# Known-bad connectors planted at the front: a store job completed twice, a completion dropped,
-# the manager's removal events lost (the request-level checks of checks.py catch them), a
-# failed store's chunks published as stored (the bytes worker's ready check catches it).
-FRONT_FAULTS = ("double_complete", "drop_complete", "drop_removals", "store_failure_ignored")
-
 # ---------------------------------------------------------------------------- the front
 _NOT_ASKED = object()  # the adapter's raw answer before a call reaches the manager
 
@@ -48,16 +43,13 @@ class Front:
         adapter: Any,
         real: Any,
         checks: Checks,
-        fault: str | None = None,
     ):
         self.oracle = oracle
         self.adapter = adapter
         self.real = real
         self.checks = checks
-        self.fault = fault
         self.calls: Counter = Counter()
         self.unchecked: set[str] = set()
-        self._faulted = False
         self.exact: Any = None  # exact.ExactChecks, where the engine set one
 
     @property
@@ -125,25 +117,11 @@ class Front:
 
     def complete_store(self, keys, req_context=None, success: bool = True):
         keys = list(keys)
-        if self.fault == "store_failure_ignored":
-            success = True
-        if self.fault == "drop_complete" and not self._faulted:
-            self._faulted = True
-            return None
         self._through("complete_store", keys, req_context, success=success)
         self.checks.completed(keys)
-        if self.fault == "double_complete" and not self._faulted:
-            self._faulted = True
-            self._through("complete_store", keys, req_context, success=success)
-            self.checks.completed(keys)
         return None
 
     def on_new_request(self, req_context):
-        if self.fault == "skip_new_request":  # a connector that never tells the manager
-            from vllm.v1.kv_offload import base
-
-            make = getattr(base, "RequestOffloadingContext", None)
-            return make() if make is not None else None
         if self.exact is not None:
             self.exact.new_request(req_context)
         name = getattr(self.oracle, "name", None)
@@ -162,10 +140,7 @@ class Front:
         return out
 
     def take_events(self):
-        events = list(self._through("take_events") or ())
-        if self.fault == "drop_removals":
-            events = [e for e in events if not getattr(e, "removed", False)]
-        return iter(events)
+        return iter(list(self._through("take_events") or ()))
 
     def get_stats(self):
         self.calls["get_stats"] += 1

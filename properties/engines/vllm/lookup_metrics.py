@@ -13,17 +13,16 @@ The seconds themselves are not judged (they are wall-clock); the counts are: at 
 ``get_stats`` (which hands over what was observed since the last one) the observations
 reported so far equal the lookups and the closed deferrals seen so far.
 
-Known-bad connector (``LOOKUP_FAULTS``): ``drop_async_delay`` (a deferral closes without its
-observation).
+Its planted fault (a connector that drops an observation) is in faults.py.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from . import private_names as pn
 from .checks import Checks
 
-LOOKUP_FAULTS = ("drop_async_delay",)
 SYNC_DELAY = "vllm:kv_offload_lookup_sync_delay_seconds"
 ASYNC_DELAY = "vllm:kv_offload_lookup_async_delay_seconds"
 
@@ -31,21 +30,21 @@ ASYNC_DELAY = "vllm:kv_offload_lookup_async_delay_seconds"
 class LookupDelays:
     """Wraps the connector's scheduler side (instance attributes only) and counts."""
 
-    def __init__(self, conn: Any, checks: Checks, fault: str | None = None):
+    def __init__(self, conn: Any, checks: Checks):
         self.conn = conn
         self.checks = checks
         self.want = {SYNC_DELAY: 0, ASYNC_DELAY: 0}
         self.got = {SYNC_DELAY: 0, ASYNC_DELAY: 0}
         self.deferred: set[str] = set()  # requests whose last lookup answered None
-        if hasattr(conn, "_maybe_observe_lookup_async_delay") and hasattr(conn, "get_stats"):
-            self._wrap(fault)
+        if hasattr(conn, pn.OBSERVE_ASYNC_DELAY) and hasattr(conn, "get_stats"):
+            self._wrap()
 
-    def _wrap(self, fault: str | None) -> None:
+    def _wrap(self) -> None:
         conn = self.conn
         matched = conn.get_num_new_matched_tokens
 
         def get_num_new_matched_tokens(request, *args, **kwargs):
-            status = conn._req_status.get(request.request_id)
+            status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
             runs = status is not None and not status.transfer_jobs
             got = matched(request, *args, **kwargs)
             if runs:
@@ -56,13 +55,11 @@ class LookupDelays:
         finished = conn.request_finished
 
         def request_finished(request, *args, **kwargs):
-            if request.request_id in conn._req_status:
+            if request.request_id in getattr(conn, pn.REQ_STATUS):
                 self.close(request.request_id)
             return finished(request, *args, **kwargs)
 
         conn.request_finished = request_finished
-        if fault == "drop_async_delay":
-            conn._maybe_observe_lookup_async_delay = _forget_deferral
         get_stats = conn.get_stats
 
         def get_stats_counted():
@@ -100,8 +97,3 @@ class LookupDelays:
                     f"observation(s); there were {want} {what}"
                 )
                 return
-
-
-def _forget_deferral(req_status: Any) -> None:
-    """A deferral closed with no observation (fault ``drop_async_delay``)."""
-    req_status.deferred_lookup_start_time = None

@@ -1,0 +1,437 @@
+"""Every planted fault of the vLLM harness in one registry: what each breaks, and the small
+wrapper or subclass of the broken part that plants it.
+
+A fault is a known-bad variant of one part of the engine: the connector's scheduler side
+(planted on the built connector, before the checks wrap it, so they judge what the faulted
+connector does), the manager's front (front.py), the bytes worker (bytes_worker.py) or the
+KV event publisher (event_payload.py) (each a subclass the engine builds instead). The check
+modules hold no fault: each fault here is caught by a check there (tests/test_vllm_scheduler.py
+names the failure each one gives). A fault that replaces a private vLLM name
+(private_names.py) needs it on the connector: where the release lacks it, planting the fault
+raises ``FaultTargetMissing`` naming it, never a fault that silently does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import private_names as pn
+from .bytes_worker import BytesWorker
+from .event_payload import Publisher
+from .exact import ALLOCATION_FAILURE
+from .front import Front
+from .load_tiers import ignore_tiers
+from .lookup_metrics import ASYNC_DELAY
+
+CONNECTOR = "the connector's scheduler side"
+
+
+class FaultTargetMissing(RuntimeError):
+    """A fault's target is not in the installed vLLM: the fault would plant nothing."""
+
+
+def _need(fault: str, obj: Any, *names: str) -> None:
+    missing = [n for n in names if not hasattr(obj, n)]
+    if missing:
+        raise FaultTargetMissing(
+            f"fault {fault!r} replaces {', '.join(missing)} on {type(obj).__name__}, which "
+            "this vLLM lacks (properties/engines/vllm/private_names.py): it would plant nothing"
+        )
+
+
+# ---------------------------------------------------------------------------- the front
+class _StoreFailureIgnored(Front):
+    def complete_store(self, keys, req_context=None, success: bool = True):
+        return super().complete_store(keys, req_context, success=True)
+
+
+class _DropComplete(Front):
+    dropped = False
+
+    def complete_store(self, keys, req_context=None, success: bool = True):
+        if not self.dropped:
+            self.dropped = True
+            return None
+        return super().complete_store(keys, req_context, success=success)
+
+
+class _DoubleComplete(Front):
+    doubled = False
+
+    def complete_store(self, keys, req_context=None, success: bool = True):
+        keys = list(keys)
+        super().complete_store(keys, req_context, success=success)
+        if not self.doubled:
+            self.doubled = True
+            super().complete_store(keys, req_context, success=success)
+        return None
+
+
+class _SkipNewRequest(Front):
+    def on_new_request(self, req_context):
+        from vllm.v1.kv_offload import base
+
+        make = getattr(base, "RequestOffloadingContext", None)
+        return make() if make is not None else None
+
+
+class _DropRemovals(Front):
+    def take_events(self):
+        return iter([e for e in super().take_events() if not getattr(e, "removed", False)])
+
+
+# ---------------------------------------------------------------------------- the bytes worker
+class _IgnoreFlush(BytesWorker):
+    def receive(self, meta: Any) -> None:
+        if meta is not None and getattr(meta, "jobs_to_flush", None):
+            meta = _WithoutFlush(meta)
+        super().receive(meta)
+
+
+class _WithoutFlush:
+    """The connector metadata with no jobs to flush."""
+
+    def __init__(self, meta: Any):
+        self._meta = meta
+        self.jobs_to_flush: set[int] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._meta, name)
+
+
+class _LoadWrongChunk(BytesWorker):
+    def _load(self, job_id, req_id, gpu_ids, chunks, sizes, firsts, keys) -> None:
+        if len(chunks) > 1:
+            chunks = chunks[::-1]
+        super()._load(job_id, req_id, gpu_ids, chunks, sizes, firsts, keys)
+
+
+class _LoadOneGroup(BytesWorker):
+    def _load(self, job_id, req_id, gpu_ids, chunks, sizes, firsts, keys) -> None:
+        sizes = [size if group == 0 else 0 for group, size in enumerate(sizes)]
+        super()._load(job_id, req_id, gpu_ids, chunks, sizes, firsts, keys)
+
+
+class _SkipBlockCopies(BytesWorker):
+    def copy_blocks(self, copies: Any) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------------- the publisher
+class _ShiftedPayload(Publisher):
+    def _payload(self, event: Any, keys: list[Any], group: int) -> None:
+        prefix = self.prefix_of(keys[0], group) if len(keys) == 1 else None
+        if getattr(event, "token_ids", None) and prefix is not None:
+            start = (len(prefix) - 1) // self.chunk_tokens * self.chunk_tokens
+            if start:
+                import copy
+
+                event = copy.copy(event)
+                event.token_ids = list(prefix[max(0, start - self.chunk_tokens) : start])
+        super()._payload(event, keys, group)
+
+
+# ---------------------------------------------------------------------------- the connector
+def _phantom_hit(conn: Any, engine: Any) -> None:
+    _need("phantom_hit", conn, "get_num_new_matched_tokens")
+    chunk = engine.setup.block_size * engine.setup.blocks_per_chunk
+    _on_hits(conn, lambda hit: hit + chunk if hit else hit)
+
+
+def _defer_always(conn: Any, engine: Any) -> None:
+    _need("defer_always", conn, "get_num_new_matched_tokens")
+    _on_hits(conn, lambda hit: hit if hit else None)
+
+
+def _on_hits(conn: Any, change: Callable[[Any], Any]) -> None:
+    """``get_num_new_matched_tokens`` answers ``change(hit)`` for the hit it found."""
+    matched = conn.get_num_new_matched_tokens
+
+    def get_num_new_matched_tokens(*args, **kwargs):
+        got = matched(*args, **kwargs)
+        if isinstance(got, tuple):
+            return (change(got[0]), *got[1:])
+        return change(got)
+
+    conn.get_num_new_matched_tokens = get_num_new_matched_tokens
+
+
+def _idle_with_jobs(conn: Any, engine: Any) -> None:
+    _need("idle_with_jobs", conn, "has_pending_push_work")
+    conn.has_pending_push_work = lambda: False
+
+
+def _tiers_ignored(conn: Any, engine: Any) -> None:
+    _need("tiers_ignored", conn, "on_new_request")
+    ignore_tiers(conn)
+
+
+def _shutdown_lost(conn: Any, engine: Any) -> None:
+    _need("shutdown_lost", conn, "shutdown")
+    conn.shutdown = lambda: None
+
+
+def _reset_lost(conn: Any, engine: Any) -> None:
+    _need("reset_lost", conn, pn.RESET_CACHE)
+    setattr(conn, pn.RESET_CACHE, lambda: None)
+
+
+def _reoffer(conn: Any, engine: Any) -> None:
+    _need("reoffer", conn, pn.REQ_STATUS, pn.BUILD_STORE_JOBS)
+    build = getattr(conn, pn.BUILD_STORE_JOBS)
+
+    def build_store_jobs(scheduler_output):
+        out = build(scheduler_output)
+        for status in getattr(conn, pn.REQ_STATUS).values():
+            for group in getattr(status, "group_states", ()):
+                group.next_stored_chunk_idx = 0
+        return out
+
+    setattr(conn, pn.BUILD_STORE_JOBS, build_store_jobs)
+
+
+def _info_every_time(conn: Any, engine: Any) -> None:
+    _need("info_every_time", conn, pn.INFO_SENT, "get_stats")
+    get_stats = conn.get_stats
+
+    def forgetting_get_stats():
+        setattr(conn, pn.INFO_SENT, False)
+        return get_stats()
+
+    conn.get_stats = forgetting_get_stats
+
+
+def _drop_failure_metric(conn: Any, engine: Any) -> None:
+    _need("drop_failure_metric", conn, "get_stats")
+    get_stats = conn.get_stats
+
+    def get_stats_one_short():
+        stats = get_stats()
+        reduce = getattr(stats, "reduce", None)
+        if reduce is not None:
+
+            def one_short() -> dict:
+                out = dict(reduce())
+                for name, value in out.items():
+                    if name.startswith(ALLOCATION_FAILURE) and value:
+                        out[name] = value - 1
+                        break
+                return out
+
+            stats.reduce = one_short
+        return stats
+
+    conn.get_stats = get_stats_one_short
+
+
+def _lock_left_held(conn: Any, engine: Any) -> None:
+    _need("lock_left_held", conn, pn.RELEASE_STEP)
+    setattr(conn, pn.RELEASE_STEP, lambda: None)
+
+
+def _ignore_max_load(conn: Any, engine: Any) -> None:
+    _need("ignore_max_load", conn, pn.REQ_STATUS, "on_new_request")
+    new_request = conn.on_new_request
+
+    def on_new_request(request):
+        new_request(request)
+        status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
+        if status is not None:
+            _need("ignore_max_load", status, "max_load_tokens")
+            status.max_load_tokens = None
+
+    conn.on_new_request = on_new_request
+
+
+def _window_last_token(conn: Any, engine: Any) -> None:
+    _need("window_last_token", conn, pn.SLIDING_WINDOW_GROUPS, pn.LOOKUP_COMPLETE_CHUNKS)
+    lookup = getattr(conn, pn.LOOKUP_COMPLETE_CHUNKS)
+
+    def lookup_complete_chunks(*args, **kwargs):
+        groups = getattr(conn, pn.SLIDING_WINDOW_GROUPS)
+        setattr(conn, pn.SLIDING_WINDOW_GROUPS, ())
+        try:  # the cap a window needs (the last token left to recompute) is lost
+            return lookup(*args, **kwargs)
+        finally:
+            setattr(conn, pn.SLIDING_WINDOW_GROUPS, groups)
+
+    setattr(conn, pn.LOOKUP_COMPLETE_CHUNKS, lookup_complete_chunks)
+
+
+def _drafter_unproven(conn: Any, engine: Any) -> None:
+    _need("drafter_unproven", conn, "config")
+    groups = getattr(conn.config, "kv_group_configs", ())
+    conn.config = conn.config._replace(
+        kv_group_configs=tuple(
+            g._replace(is_eagle_group=False) if getattr(g, "is_eagle_group", False) else g
+            for g in groups
+        )
+    )
+
+
+def _keep_finished(conn: Any, engine: Any) -> None:
+    _need("keep_finished", conn, pn.REQ_STATUS)
+    setattr(conn, pn.REQ_STATUS, _NeverForgets(getattr(conn, pn.REQ_STATUS)))
+
+
+class _NeverForgets(dict):
+    """The connector's per-request map that drops nothing."""
+
+    def __delitem__(self, key):
+        return None
+
+
+def _drop_async_delay(conn: Any, engine: Any) -> None:
+    _need("drop_async_delay", conn, pn.OBSERVE_ASYNC_DELAY)
+
+    def forget_deferral(req_status: Any) -> None:
+        req_status.deferred_lookup_start_time = None
+
+    setattr(conn, pn.OBSERVE_ASYNC_DELAY, forget_deferral)
+
+
+def _false_recovery(conn: Any, engine: Any) -> None:
+    _need("false_recovery", conn, pn.MANAGER_LOCKED)
+    logger = getattr(sys.modules.get(type(conn).__module__), "logger", None)
+    if not isinstance(logger, logging.Logger):
+        raise FaultTargetMissing(
+            f"fault 'false_recovery' logs through {type(conn).__module__}.logger, which this "
+            "vLLM lacks: it would plant nothing"
+        )
+    locked = getattr(conn, pn.MANAGER_LOCKED)
+
+    @contextlib.contextmanager
+    def manager_locked():
+        logger.error("manager lock left held by a previous schedule(); releasing it")
+        with locked():
+            yield
+
+    setattr(conn, pn.MANAGER_LOCKED, manager_locked)
+
+
+# ---------------------------------------------------------------------------- the registry
+@dataclass(frozen=True)
+class Fault:
+    """One planted fault: what it breaks, the part it breaks (``CONNECTOR`` or the class the
+    engine builds), and how: a subclass of that class, or ``plant(connector, engine)``."""
+
+    breaks: str
+    part: Any
+    how: Any
+
+
+FAULTS: dict[str, Fault] = {
+    # the manager's front (front.py): what the connector tells the manager
+    "double_complete": Fault("a store job completed twice", Front, _DoubleComplete),
+    "drop_complete": Fault("one store job's completion dropped", Front, _DropComplete),
+    "drop_removals": Fault("the manager's removal events lost", Front, _DropRemovals),
+    "store_failure_ignored": Fault(
+        "a failed store's chunks completed as stored (published ready)",
+        Front,
+        _StoreFailureIgnored,
+    ),
+    "skip_new_request": Fault("on_new_request never reaches the manager", Front, _SkipNewRequest),
+    # the bytes worker (bytes_worker.py)
+    "ignore_flush": Fault(
+        "a flushed store runs only when delivered, as if jobs_to_flush were empty",
+        BytesWorker,
+        _IgnoreFlush,
+    ),
+    "load_wrong_chunk": Fault(
+        "a load reads the chunks in reverse (another than named, where it has more than one)",
+        BytesWorker,
+        _LoadWrongChunk,
+    ),
+    "load_one_group": Fault(
+        "a load fills only the first KV-cache group's blocks: a later group computes with KV "
+        "it never got",
+        BytesWorker,
+        _LoadOneGroup,
+    ),
+    "skip_block_copies": Fault(
+        "the scheduler's copy-on-write copies never run: a recurrent state handed off inside a "
+        "block is not in the block the connector stores it from",
+        BytesWorker,
+        _SkipBlockCopies,
+    ),
+    # the event publisher (event_payload.py)
+    "shifted_payload": Fault(
+        "each store event carries the tokens of the chunk before its own",
+        Publisher,
+        _ShiftedPayload,
+    ),
+    # the connector's scheduler side (exact.py, lookup_metrics.py, error_log.py)
+    "phantom_hit": Fault("one chunk more reported than the tier holds", CONNECTOR, _phantom_hit),
+    "defer_always": Fault(
+        "a lookup with no hit is deferred: the request waits for nothing", CONNECTOR, _defer_always
+    ),
+    "reoffer": Fault(
+        "the stored-chunk index never advances: every chunk offered again each step",
+        CONNECTOR,
+        _reoffer,
+    ),
+    "keep_finished": Fault("a finished request's state never dropped", CONNECTOR, _keep_finished),
+    "ignore_max_load": Fault("a request's max_load_tokens never read", CONNECTOR, _ignore_max_load),
+    "drop_failure_metric": Fault(
+        "one failed store allocation never reaches the connector's metric",
+        CONNECTOR,
+        _drop_failure_metric,
+    ),
+    "lock_left_held": Fault(
+        "the step's region of the manager's lock never closed", CONNECTOR, _lock_left_held
+    ),
+    "window_last_token": Fault(
+        "a sliding window's hit reaches the request's last token, which the window needs "
+        "recomputed",
+        CONNECTOR,
+        _window_last_token,
+    ),
+    "drafter_unproven": Fault(
+        "a drafter's (EAGLE) group taken for a target group", CONNECTOR, _drafter_unproven
+    ),
+    "reset_lost": Fault("a cache reset never reaches the manager", CONNECTOR, _reset_lost),
+    "info_every_time": Fault(
+        "the tier's configuration asked of the manager for every stats payload",
+        CONNECTOR,
+        _info_every_time,
+    ),
+    "idle_with_jobs": Fault(
+        "the connector never says it has work pending: idle with jobs in flight",
+        CONNECTOR,
+        _idle_with_jobs,
+    ),
+    "shutdown_lost": Fault(
+        "the connector's shutdown never reaches the manager", CONNECTOR, _shutdown_lost
+    ),
+    "tiers_ignored": Fault(
+        "a request's kv_load_tiers never read: every tier allowed", CONNECTOR, _tiers_ignored
+    ),
+    "drop_async_delay": Fault(
+        f"a deferral closes without its {ASYNC_DELAY} observation", CONNECTOR, _drop_async_delay
+    ),
+    "false_recovery": Fault(
+        "every hook outside the step logs recovering a lock no step left held",
+        CONNECTOR,
+        _false_recovery,
+    ),
+}
+
+
+def built(fault: str | None, part: type) -> type:
+    """The class to build for ``part`` (``Front``, ``BytesWorker``, ``Publisher``): the
+    fault's subclass where ``fault`` breaks that part, else ``part`` itself."""
+    planted = FAULTS.get(fault) if fault is not None else None
+    return planted.how if planted is not None and planted.part is part else part
+
+
+def plant_on_connector(fault: str | None, conn: Any, engine: Any) -> None:
+    """Plant ``fault`` on the built connector where it breaks the connector (before the
+    checks wrap it); ``FaultTargetMissing`` where the release lacks what it replaces."""
+    planted = FAULTS.get(fault) if fault is not None else None
+    if planted is not None and planted.part == CONNECTOR:
+        planted.how(conn, engine)
