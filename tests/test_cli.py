@@ -635,10 +635,11 @@ def test_list_names_targets_mutants_and_machines(capsys):
         "machines (--machine; without it `kvgate check` runs every machine below "
         "that applies to the target and can run here):"
     )
-    assert [line.split()[0] for line in lines[at + 1 : at + 5]] == [
+    assert [line.split()[0] for line in lines[at + 1 : at + 6]] == [
         "manager",
         "scheduler",
         "vllm-scheduler",
+        "sglang",
         "all",
     ]
     assert "for vllm and vllm=MODULE:ATTR targets" in lines[at + 3]

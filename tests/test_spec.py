@@ -251,7 +251,7 @@ def test_the_anchor_check_refuses_a_spec_that_lost_one(old, new, why):
 
 BAD = [
     ("impl/x.py", '"""Eviction, spec A9."""\n', "names no anchor"),
-    ("impl/x.py", "# the copy path (spec §11)\n", "names no anchor"),
+    ("impl/x.py", "# the copy path (spec §19)\n", "names no anchor"),
     ("impl/x.py", "# spec §4.9 has it\n", "names no anchor"),
     ("impl/x.py", '"""See SPEC section 4."""\n', "old citation form"),
     ("impl/x.py", 'X = "counts once (SPEC A5)"\n', "old citation form"),

@@ -4,6 +4,7 @@ which targets it is for, and whether it can run here (each "no" one line saying 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ class Machine:
     not_for: Callable[[Target], str | None] = lambda target: None
     unavailable: Callable[[], str | None] = lambda: None
     install: Callable[[], str] = lambda: ""  # what makes it available, when it is not
+    engine: str = ""  # an engine's own targets (their ``engine``) alone: "sglang"; "" the rest
 
 
 def _manager(target: Target):
@@ -47,7 +49,25 @@ def _vllm_scheduler(target: Target):
 
 def _is_vllm_target(target: Target) -> bool:
     """A target with vLLM's interface (``vllm``, ``vllm=MODULE:ATTR``, either foreign)."""
-    return not target.kvgate_interface
+    return not engine_of(target) and not target.kvgate_interface
+
+
+def engine_of(target) -> str:
+    """``sglang`` for an SGLang target (a cache, not a manager), ``""`` for a manager target."""
+    return getattr(target, "engine", "")
+
+
+SGLANG_MODULE = "kvgate.properties.engines.sglang"
+
+
+def _sglang(target):
+    return importlib.import_module(SGLANG_MODULE).make_machine(target)
+
+
+def _sglang_unavailable() -> str | None:
+    if importlib.util.find_spec("sglang") is None:
+        return "SGLang is not importable (it lives in a release environment: docs/sglang.md)"
+    return None
 
 
 def _said(exc: BaseException) -> str:
@@ -109,6 +129,15 @@ MACHINES: dict[str, Machine] = {
             ),
             unavailable=_vllm_scheduler_unavailable,
             install=_vllm_install,
+        ),
+        Machine(
+            "sglang",
+            "request lives through SGLang's own hierarchical radix cache, every backup "
+            "checked against the radix model",
+            _sglang,
+            targets="sglang and sglang+VARIANT targets",
+            unavailable=_sglang_unavailable,
+            engine="sglang",
         ),
     )
 }

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from hypothesis import settings as Settings
 
@@ -15,7 +16,7 @@ from kvgate.properties.profiles import PROFILES, default_profile
 from kvgate.properties.targets import resolve_target
 
 from .errors import UsageError
-from .machines import MACHINES
+from .machines import MACHINES, engine_of
 
 
 @dataclass
@@ -60,7 +61,7 @@ def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
                 + (f"; {hint}" if hint and hint not in why else "")
             )
         for target in targets:
-            why = machine.not_for(target)
+            why = machine.not_for(target) or _other_engine(machine, target)
             if why:
                 raise UsageError(f"--machine {name} does not apply to target {target.spec}: {why}")
     runs = []
@@ -68,6 +69,8 @@ def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
     available: dict[str, str | None] = {}
     for target in targets:
         for m in MACHINES.values():
+            if _other_engine(m, target):
+                continue  # another engine's machine: not left out, never for it
             why = m.not_for(target)
             if why is None and named and m.name not in named:
                 why = f"--machine {choice}; without --machine every machine that applies runs"
@@ -83,6 +86,16 @@ def plan_runs(choice: str | None, targets: Sequence[Target]) -> Plan:
             else:
                 runs.append((m.name, target))
     return Plan(runs, [(kind, why, specs) for (kind, why), specs in left.items()])
+
+
+def _other_engine(machine, target) -> str | None:
+    """Why ``machine`` never drives ``target``: it is for another engine's targets."""
+    engine = engine_of(target)
+    if machine.engine == engine:
+        return None
+    if engine:
+        return f"it drives a manager; {target.spec} is {engine}'s cache: --machine {engine}"
+    return f"it drives {machine.engine}'s own cache, so only {machine.targets}"
 
 
 def choose_profile(flag: str | None) -> str:
@@ -110,7 +123,13 @@ def resolve_targets(specs: Sequence[str]) -> list[Target]:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # MODULE:ATTR from the current directory, as `python -m`
-    targets = []
+    targets: list[Target] = []
     for spec in specs:
+        if spec.partition("+")[0] == "sglang":  # SGLang's cache, not a manager (spec §11)
+            from kvgate.properties.engines.sglang import resolve_sglang
+
+            # an SGLangTarget has what the gate reads of a target (spec, note, unchecked ...)
+            targets.append(cast(Target, resolve_sglang(spec)))
+            continue
         targets.append(resolve_target(spec))
     return targets

@@ -1,0 +1,244 @@
+"""The machine over SGLang's hierarchical cache: request lives as SGLang's scheduler makes them,
+checked in lockstep against ``model/radix.py`` (spec §11).
+
+Each example builds a fresh cache (its tree core drawn among the target's) and draws request
+lives: prompts from two shared families cut at any length, with a tail from a two-token
+alphabet (so requests diverge inside a node and split it), prefill in one or several chunks,
+decode, finish, abort, retraction and resumption (with the prompt's nodes kept on the GPU, or
+evicted first), eviction pressure, delayed copies, and resets when the scheduler is idle. After
+every step: each page the cache copied to host in that step must have been inserted by at least
+``threshold`` distinct requests, and each page on the GPU inserted by that many must be on host
+(or on its way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from kvgate.model.radix import RadixModel
+
+from .life import divergence, page, pages, tokens
+from .target import SGLangTarget
+
+FAMILIES = (tuple(range(1, 13)), tuple(range(51, 63)))
+TAIL = (200, 201)
+OUTPUT = (300, 301)
+MAX_LIVES = 4
+MAX_OUTPUTS = 3
+
+
+def make_machine(target: SGLangTarget) -> type:
+    """A ``RuleBasedStateMachine`` class over ``target`` that ``properties.runner.run_machine``
+    runs (its failures carry the request life; ``last_history`` holds the steps' lines)."""
+
+    class SGLangCacheMachine(RuleBasedStateMachine):
+        last_history: list = []
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.scheduler: Any = None  # scheduler.Scheduler, built by ``build``
+            self.model = RadixModel(threshold=target.threshold)
+            self.life: list[str] = []
+            self.waiting: list[str] = []
+            self.count = 0
+
+        @initialize(
+            core=st.sampled_from(target.cores),
+            gpu=st.sampled_from((64, 20)),
+            delay=st.booleans(),
+        )
+        def build(self, core, gpu, delay):
+            self.scheduler = target.build(core, gpu_slots=gpu, host_slots=256, page_size=1)
+            self.scheduler.recorder.delay = delay
+            self.life.append(
+                f"cache: {target.note or target.release}, core {core}, {gpu} GPU slots"
+                + (", copies delayed" if delay else "")
+            )
+            type(self).last_history = [{"step": line} for line in self.life]
+
+        # --- helpers ---
+        def _names(self, admitted: bool | None = None, done: bool = False) -> list[str]:
+            lives = self.scheduler.lives.values() if self.scheduler else ()
+            return [
+                life.name
+                for life in lives
+                if life.done == done and (admitted is None or life.admitted == admitted)
+            ]
+
+        def _prefilling(self) -> list[str]:
+            return [
+                n
+                for n in self._names(admitted=True)
+                if self.scheduler.lives[n].computed < len(self.scheduler.lives[n].tokens)
+            ]
+
+        def _decoding(self) -> list[str]:
+            return [
+                n
+                for n in self._names(admitted=True)
+                if self.scheduler.lives[n].computed == len(self.scheduler.lives[n].tokens)
+            ]
+
+        def _say(self, line: str) -> None:
+            self.life.append(line)
+            type(self).last_history = [{"step": x} for x in self.life]
+
+        def _settle(self, inserted: tuple[str, tuple[int, ...]] | None = None) -> None:
+            """The step's effects in order: pages evicted, the insert, the copies; checked."""
+            sched = self.scheduler
+            gone = sched.gone_from_gpu()
+            if gone:
+                self.model.evicted(gone)
+                self._say(f"  evicted from GPU: {pages(gone)}")
+            if inserted is not None:
+                name, toks = inserted
+                self.model.insert(name, toks)
+            sched.writing_check()
+            copied = sched.recorder.take_new()
+            if copied:
+                self._say(f"  backup: {pages(copied)}")
+                for p in copied:
+                    if not self.model.due(p):
+                        who = sorted(self.model.inserters.get(p, ()))
+                        raise divergence(
+                            f"page {page(p)} backed up to host after {len(who)} distinct "
+                            f"request(s) inserted it ({', '.join(who) or 'none'}); the "
+                            f"threshold is {self.model.threshold}",
+                            self.life,
+                        )
+                self.model.backed_up(copied)
+            gone = sched.gone_from_gpu()
+            if gone:
+                self.model.evicted(gone)
+                self._say(f"  evicted from GPU: {pages(gone)}")
+
+        # --- rules ---
+        @precondition(lambda self: len(self._names()) + len(self._names(done=True)) < 12)
+        @precondition(lambda self: len(self._names()) < MAX_LIVES)
+        @rule(
+            family=st.sampled_from((0, 1)),
+            cut=st.integers(0, 12),
+            tail=st.lists(st.sampled_from(TAIL), max_size=3),
+        )
+        def new_request(self, family, cut, tail):
+            prompt = FAMILIES[family][:cut] + tuple(tail)
+            if len(prompt) < 2:
+                prompt = prompt + (TAIL[0],) * (2 - len(prompt))
+            name = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[self.count % 26]
+            self.count += 1
+            self.scheduler.new(name, prompt, MAX_OUTPUTS)
+            self._say(f"{name}: new request, prompt {tokens(prompt)}")
+
+        @precondition(lambda self: self.scheduler and self._names(admitted=False))
+        @rule(pick=st.integers(0, MAX_LIVES - 1))
+        def admit(self, pick):
+            names = self._names(admitted=False)
+            life = self.scheduler.lives[names[pick % len(names)]]
+            if not self.scheduler.admit(life):
+                return
+            again = " (resumed)" if life.req.retraction_count else ""
+            self._say(f"{life.name}: admitted{again}, prefix matched on GPU {life.computed}")
+            self._settle()
+
+        @precondition(lambda self: self.scheduler and self._prefilling())
+        @rule(pick=st.integers(0, MAX_LIVES - 1), chunk=st.integers(1, 8))
+        def prefill(self, pick, chunk):
+            names = self._prefilling()
+            life = self.scheduler.lives[names[pick % len(names)]]
+            end = min(life.computed + chunk, len(life.tokens))
+            start = life.computed
+            if not self.scheduler.prefill_chunk(life, end):
+                self._say(f"{life.name}: chunk [{start}, {end}) finds no GPU slots")
+                self._settle()
+                return
+            last = "" if end < len(life.tokens) else " (prefill done)"
+            self._say(
+                f"{life.name}: chunk [{start}, {end}){last}, insert {tokens(life.tokens[:end])}"
+            )
+            self._settle((life.name, life.tokens[:end]))
+
+        @precondition(lambda self: self.scheduler and self._decoding())
+        @rule(pick=st.integers(0, MAX_LIVES - 1), token=st.sampled_from(OUTPUT))
+        def decode(self, pick, token):
+            names = [
+                n for n in self._decoding() if len(self.scheduler.lives[n].outputs) < MAX_OUTPUTS
+            ]
+            if not names:
+                return
+            life = self.scheduler.lives[names[pick % len(names)]]
+            if self.scheduler.decode(life, token):
+                self._say(f"{life.name}: decode {token}")
+            self._settle()
+
+        @precondition(lambda self: self.scheduler and self._decoding())
+        @rule(pick=st.integers(0, MAX_LIVES - 1), abort=st.booleans())
+        def finish(self, pick, abort):
+            names = self._decoding()
+            life = self.scheduler.lives[names[pick % len(names)]]
+            upto = life.computed
+            self.scheduler.finish(life, abort=abort)
+            how = "aborted" if abort else "finished"
+            self._say(f"{life.name}: {how}, insert {tokens(life.tokens[:upto])}")
+            self._settle((life.name, life.tokens[:upto]))
+
+        @precondition(lambda self: self.scheduler and self._decoding())
+        @rule(pick=st.integers(0, MAX_LIVES - 1), evict_prompt=st.booleans())
+        def retract(self, pick, evict_prompt):
+            # SGLang retracts running requests in decode (``retract_decode``)
+            names = self._decoding()
+            life = self.scheduler.lives[names[pick % len(names)]]
+            self.scheduler.retract(life)
+            self._say(f"{life.name}: retracted (computed KV released, waits to resume)")
+            self._settle()
+            if evict_prompt:
+                self.scheduler.evict(64)
+                self._say("  GPU cache evicted before it resumes")
+                self._settle()
+
+        @precondition(lambda self: self.scheduler is not None)
+        @rule(tokens_=st.integers(1, 16))
+        def evict(self, tokens_):
+            self.scheduler.evict(tokens_)
+            self._say(f"evict {tokens_} GPU slots' worth")
+            self._settle()
+
+        @precondition(lambda self: self.scheduler and self.scheduler.recorder.in_flight())
+        @rule()
+        def deliver(self):
+            n = self.scheduler.recorder.deliver()
+            self._say(f"{n} copies to host completed")
+            self._settle()
+
+        @precondition(lambda self: self.scheduler and self.scheduler.idle())
+        @rule()
+        def reset(self):
+            self.scheduler.recorder.deliver()
+            self.scheduler.writing_check()
+            self.scheduler.reset()
+            self.model.reset()
+            for life in self.scheduler.lives.values():
+                life.done = True
+            self._say("reset (flush_cache): tree, slots and host copies cleared")
+
+        @invariant()
+        def due_pages_on_host(self):
+            if self.scheduler is None:
+                return
+            missing = self.model.missing_backups()
+            if missing:
+                p = missing[0]
+                who = sorted(self.model.inserters[p])
+                raise divergence(
+                    f"page {page(p)} inserted by {len(who)} distinct requests "
+                    f"({', '.join(who)}), at least the threshold {self.model.threshold}, "
+                    "is on the GPU with no host copy",
+                    self.life,
+                )
+
+    SGLangCacheMachine.__name__ = SGLangCacheMachine.__qualname__ = (
+        "SGLangCache_" + target.spec.replace("+", "_").replace("-", "_")
+    )
+    return SGLangCacheMachine

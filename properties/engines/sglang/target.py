@@ -1,0 +1,254 @@
+"""The ``sglang`` target: the installed SGLang's hierarchical cache, found by capability.
+
+What is found, never by version string: which cache class the release builds for
+``--enable-hierarchical-cache`` (the unified radix cache where ``mem_cache/unified_radix_cache``
+and its ``unified_cache`` tree cores exist, else ``HiRadixCache``), which tree cores it has
+(Python, and the bundled Rust one where it loads), and the selective write-through threshold,
+read from the line of SGLang's code that sets it. The cache is built on a CPU with SGLang's
+own tree, policy and counting code; only its cache controller is the copy recorder
+(``recorder.py``), attached as SGLang's ``init_hicache`` attaches its controller, with the
+tree's HiCache switched on as ``init_hicache`` switches it. A release that cannot be judged
+raises ``TargetError`` with one line saying why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import ClassVar
+
+from kvgate.properties.adapters import TargetError
+
+from .recorder import CopyRecorder
+
+UNIFIED = "unified"  # unified_radix_cache.UnifiedRadixCache (its tree core Python or Rust)
+CORES = ("python", "rust")
+_THRESHOLD = re.compile(r'==\s*"write_through"\s+else\s+(\d+)')
+
+
+@dataclass(frozen=True)
+class SGLangTarget:
+    """A resolved SGLang target (its own small record: kvgate's ``Target`` builds managers,
+    this builds a tree cache and its scheduler).
+
+    ``design`` names the counting the release's code has (``watermark``: a request's inserts
+    count only past what it inserted before); ``cores`` the tree cores it can be built with;
+    ``variant`` a known-bad or mended variant from ``variants.VARIANTS`` (``""``: as released).
+    """
+
+    engine: ClassVar[str] = "sglang"  # the gate plans only the sglang machine on it
+    foreign: ClassVar[bool] = False  # every backup is judged exactly (spec §11)
+
+    spec: str
+    release: str
+    cache_class: str
+    design: str
+    cores: tuple[str, ...]
+    threshold: int
+    variant: str = ""
+    note: str = ""
+    skip: tuple[str, ...] = field(default=())  # request-life steps not drawn (declared known)
+    adapter: object = None  # what ``--known-defect`` would set: none is declarable here yet
+
+    def __post_init__(self) -> None:
+        if self.adapter is not None:
+            raise TargetError(
+                f"{self.spec}: --known-defect names vLLM's manager defects; none is declarable "
+                "for SGLang's cache"
+            )
+
+    def unchecked(self) -> list[str]:
+        """What the sglang machine does not check, each with why (for the report)."""
+        parts = [
+            "the disaggregated prefill/decode paths, host-memory eviction and loading back "
+            "from host (the machine drives one aggregated scheduler's tree cache, page size 1)"
+        ]
+        if "rust" not in self.cores:
+            parts.append("the Rust tree core (it does not load here, or the variant needs Python)")
+        return parts
+
+    def build(self, core: str, gpu_slots: int, host_slots: int, page_size: int):
+        """A fresh cache with its scheduler (``scheduler.Scheduler``) on ``core``."""
+        from .scheduler import Scheduler
+        from .variants import VARIANTS
+
+        sg = load_release()
+        variant = VARIANTS[self.variant] if self.variant else None
+        cache_cls = variant.cache(sg.UnifiedRadixCache) if variant else sg.UnifiedRadixCache
+        r2t = sg.ReqToTokenPool(
+            size=16, max_context_len=256, device="cpu", enable_memory_saver=False
+        )
+        kv = sg.MHATokenToKVPool(
+            size=gpu_slots, page_size=page_size, dtype=sg.torch.float16, head_num=1,
+            head_dim=1, layer_num=1, device="cpu", enable_memory_saver=False,
+        )  # fmt: skip
+        allocator = sg.TokenToKVPoolAllocator(
+            size=gpu_slots, dtype=sg.torch.float16, device="cpu", kvcache=kv, need_sort=False
+        )
+        params = sg.CacheInitParams(
+            disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=allocator,
+            page_size=page_size, tree_components=(sg.ComponentType.FULL,),
+            tree_core_backend=core,
+        )  # fmt: skip
+        cache = cache_cls(params)
+        if variant:
+            variant.core(cache.tree_core)
+        scheduler = Scheduler(sg, cache, r2t, allocator, None, page_size)
+        recorder = CopyRecorder(host_slots, scheduler.pages_of_slots)
+        scheduler.recorder = recorder
+        # what init_hicache does once its controller is built, with the recorder in its place
+        cache.cache_controller = recorder
+        cache.tree_core.set_hicache_enabled()
+        cache.write_through_threshold = self.threshold
+        cache.is_write_back = False
+        return scheduler
+
+
+_LOADED: SimpleNamespace | None = None
+
+
+def _published() -> None:
+    """SGLang's scheduler publishes its server arguments before it builds a cache; the cache's
+    helpers read them (``get_disagg``, ``get_serving``)."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    runtime_context._CONTEXT.set_server_args(
+        ServerArgs(
+            model_path="kvgate-no-model",
+            enable_hierarchical_cache=True,
+            hicache_write_policy="write_through_selective",
+            device="cpu",
+        )
+    )
+
+
+def load_release() -> SimpleNamespace:
+    """The installed SGLang's modules and functions the harness calls, imported once."""
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    import logging
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore", message="Only CUDA")
+    logging.getLogger("sglang").setLevel(logging.WARNING)
+    import sglang
+
+    mc = "sglang.srt.mem_cache"
+    try:
+        urc = importlib.import_module(f"{mc}.unified_radix_cache")
+    except ModuleNotFoundError:
+        raise TargetError(
+            f"sglang {sglang.__version__}: no unified radix cache "
+            f"({mc}.unified_radix_cache); its HiRadixCache has no harness yet"
+        ) from None
+    batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+    common = importlib.import_module(f"{mc}.common")
+    _published()
+    _LOADED = SimpleNamespace(
+        version=sglang.__version__,
+        torch=torch,
+        UnifiedRadixCache=urc.UnifiedRadixCache,
+        Req=batch.Req,
+        FINISH_LENGTH=batch.FINISH_LENGTH,
+        FINISH_ABORT=batch.FINISH_ABORT,
+        release_req=batch.release_req,
+        SamplingParams=importlib.import_module(
+            "sglang.srt.sampling.sampling_params"
+        ).SamplingParams,
+        checkpoint_kv_cache=common.checkpoint_kv_cache,
+        release_kv_cache=common.release_kv_cache,
+        evict_from_tree_cache=common.evict_from_tree_cache,
+        ReqToTokenPool=importlib.import_module(f"{mc}.memory_pool").ReqToTokenPool,
+        MHATokenToKVPool=importlib.import_module(f"{mc}.memory_pool").MHATokenToKVPool,
+        TokenToKVPoolAllocator=importlib.import_module(
+            f"{mc}.allocator.token"
+        ).TokenToKVPoolAllocator,
+        CacheInitParams=importlib.import_module(f"{mc}.cache_init_params").CacheInitParams,
+        ComponentType=importlib.import_module(f"{mc}.unified_cache.component_type").ComponentType,
+    )
+    return _LOADED
+
+
+def _threshold(sg: SimpleNamespace) -> int:
+    source = inspect.getsource(sg.UnifiedRadixCache.init_hicache)
+    match = _THRESHOLD.search(source)
+    if match is None:
+        raise TargetError(
+            f"sglang {sg.version}: no selective write-through threshold in "
+            "UnifiedRadixCache.init_hicache"
+        )
+    return int(match.group(1))
+
+
+def _design(sg: SimpleNamespace) -> str:
+    """How the release counts, read from its code: a per-request watermark (the insert
+    parameters carry ``inserted_len``), or every insert."""
+    params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").InsertParams
+    fields = getattr(params, "__dataclass_fields__", {})
+    if "inserted_len" in fields:
+        return "watermark"
+    if "chunked" in fields:
+        return "chunked"
+    return "every insert"
+
+
+def _cores(sg: SimpleNamespace) -> tuple[str, ...]:
+    found = []
+    for core in CORES:
+        try:
+            scheduler = SGLangTarget("probe", sg.version, "", "", (core,), 2).build(
+                core, gpu_slots=8, host_slots=8, page_size=1
+            )
+        except Exception:  # a core that does not build is one not found
+            continue
+        if core in type(scheduler.cache.tree_core).__name__.lower() or (
+            core == "python" and "rust" not in type(scheduler.cache.tree_core).__name__.lower()
+        ):
+            found.append(core)
+    return tuple(found)
+
+
+def resolve_sglang(spec: str = "sglang") -> SGLangTarget:
+    """``sglang`` (the installed release, as released) or ``sglang+VARIANT`` (a known-bad or
+    mended variant of it, ``variants.VARIANTS``)."""
+    from .variants import VARIANTS
+
+    name, _, variant = spec.partition("+")
+    if name != "sglang":
+        raise TargetError(f"{spec!r}: an SGLang target is 'sglang' or 'sglang+VARIANT'")
+    if variant and variant not in VARIANTS:
+        raise TargetError(f"{spec!r}: no variant {variant!r} (known: {', '.join(VARIANTS)})")
+    try:
+        sg = load_release()
+    except TargetError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise TargetError(
+            f"sglang is not importable here ({exc}); it lives in a release environment "
+            "(docs/sglang.md)"
+        ) from None
+    except Exception as exc:  # an install that half imports: one line, no verdict
+        what = " ".join(str(exc).split())[:200]
+        raise TargetError(f"sglang does not import here: {type(exc).__name__}: {what}") from None
+    threshold = _threshold(sg)
+    design = _design(sg)
+    cores = _cores(sg)
+    if variant:
+        cores = tuple(c for c in cores if c in VARIANTS[variant].cores)
+    if not cores:
+        raise TargetError(f"sglang {sg.version}: neither tree core builds on this machine")
+    note = (
+        f"sglang {sg.version}: UnifiedRadixCache, tree cores {'+'.join(cores)}, "
+        f"selective threshold {threshold}, counting: {design}"
+    )
+    if variant:
+        note += f"; variant {variant}"
+    return SGLangTarget(spec, sg.version, "UnifiedRadixCache", design, cores, threshold,
+                        variant, note)  # fmt: skip

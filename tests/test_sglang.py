@@ -1,0 +1,158 @@
+"""The sglang target and machine (spec §11, docs/sglang.md).
+
+Tests marked ``sglang`` need an installed SGLang and skip where it is absent (the main
+environment); run them in a release environment, ``PYTHONHASHSEED=0 .sglang/0.5.23/bin/python
+-m pytest -q -p no:cacheprovider tests/test_sglang.py``.
+The rest run anywhere: the gate's plan for an SGLang target, and the one line where SGLang is
+not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+
+from kvgate.cli import main
+from kvgate.gate import UsageError, plan_runs, run_one
+
+HAVE_SGLANG = importlib.util.find_spec("sglang") is not None
+
+
+def kvgate(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# --------------------------------------------------------------------------- anywhere
+
+
+def test_an_sglang_target_plans_the_sglang_machine_alone():
+    """An SGLang target is a cache, not a manager: only the sglang machine is planned for it
+    (the manager machines are not even left out), and naming another machine is one line."""
+    target = SimpleNamespace(spec="sglang", engine="sglang")
+    plan = plan_runs(None, [target])
+    planned = [kind for kind, _ in plan.runs] + [kind for kind, _, _ in plan.left_out]
+    assert planned == ["sglang"]
+    with pytest.raises(UsageError, match="--machine manager does not apply to target sglang"):
+        plan_runs("manager", [target])
+
+
+@pytest.mark.skipif(HAVE_SGLANG, reason="SGLang is installed here")
+def test_without_sglang_the_target_is_one_line_and_exit_2(capsys):
+    code, out, err = kvgate(capsys, "check", "--target", "sglang")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "sglang is not importable here" in err, err
+    code, out, err = kvgate(capsys, "check", "--machine", "sglang")
+    assert code == 2 and err.count("\n") == 1 and "SGLang is not importable" in err, err
+
+
+def test_an_unknown_variant_is_one_line_and_exit_2(capsys):
+    code, _, err = kvgate(capsys, "check", "--target", "sglang+nonesuch")
+    assert code == 2 and err.count("\n") == 1
+    assert "no variant 'nonesuch'" in err or "not importable" in err, err
+
+
+# --------------------------------------------------------------------------- with SGLang
+
+
+@pytest.fixture(scope="module")
+def released():
+    from kvgate.properties.engines.sglang import resolve_sglang
+
+    return resolve_sglang("sglang")
+
+
+def resumed_life(target, core: str) -> list:
+    """The plain reproduction of docs/sglang.md: A prefills [200 200], is retracted and
+    resumes; the pages backed up after each step."""
+    s = target.build(core, gpu_slots=64, host_slots=64, page_size=1)
+    a = s.new("A", (200, 200), 3)
+    seen = []
+    assert s.admit(a) and s.prefill_chunk(a, 2)
+    s.writing_check()
+    seen.append(s.recorder.take_new())
+    s.retract(a)
+    s.writing_check()
+    seen.append(s.recorder.take_new())
+    assert s.admit(a) and a.computed == 1  # the prefix match keeps the last token to compute
+    assert s.prefill_chunk(a, 2)
+    s.writing_check()
+    seen.append(s.recorder.take_new())
+    return seen
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_resumed_request_counts_again(released, core):
+    """The release's verdict in six calls, on each tree core: one request, retracted and
+    resumed, has its pages backed up at threshold 2 (``Req.reset_for_retract`` zeroes the
+    watermark ``kv.cache_inserted_len``). The mended variant counts it once."""
+    from kvgate.properties.engines.sglang import resolve_sglang
+
+    if core not in released.cores:
+        pytest.skip(f"no {core} tree core here")
+    assert released.threshold == 2 and released.design == "watermark"
+    assert resumed_life(released, core) == [[], [], [(200,), (200, 200)]]
+    if core == "python":
+        assert resumed_life(resolve_sglang("sglang+mended"), core) == [[], [], []]
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+def test_the_adapter_says_what_it_found(released):
+    assert released.cache_class == "UnifiedRadixCache"
+    assert "python" in released.cores
+    assert released.note.startswith(f"sglang {released.release}: UnifiedRadixCache")
+    assert released.unchecked()  # the report names what the machine leaves out
+
+
+def _variants():
+    if not HAVE_SGLANG:
+        return ["every-insert"]
+    from kvgate.properties.engines.sglang import KNOWN_BAD
+
+    return list(KNOWN_BAD)
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+@pytest.mark.parametrize("variant", _variants())
+def test_each_known_bad_variant_is_caught_under_ci(variant):
+    from kvgate.properties.engines.sglang import resolve_sglang
+
+    run = run_one("sglang", resolve_sglang(f"sglang+{variant}"), "ci", None, None, None, None)
+    assert run.status == "FAIL", run.message
+    assert run.outcome.shrunk_steps <= 8, run.outcome.program
+    assert "request life:" in run.message
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+def test_the_release_verdict_under_ci(released):
+    """The installed release as released, under ``ci`` (derandomized): 0.5.23 fails on a
+    request counted again after its retraction, on a few steps (docs/sglang.md)."""
+    run = run_one("sglang", released, "ci", None, None, None, None)
+    assert run.status == "FAIL", run.message
+    assert "backed up to host after 1 distinct request(s)" in run.message
+    assert "retracted" in run.message and run.outcome.shrunk_steps <= 12
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+def test_the_gate_gives_exit_1_and_exit_0(capsys):
+    """``kvgate check``: a known-bad variant fails (exit 1, the request life printed); the
+    mended release passes (exit 0)."""
+    code, out, _ = kvgate(capsys, "check", "--target", "sglang+every-insert", "--profile", "ci")
+    assert code == 1, out
+    assert "FAIL  sglang x sglang+every-insert: counterexample" in out
+    assert "request life:" in out and "backed up to host after 1 distinct request(s)" in out
+    code, out, _ = kvgate(
+        capsys, "check", "--target", "sglang+mended", "--profile", "ci", "--max-examples", "60"
+    )
+    assert code == 0, out
+    assert "not checked for sglang+mended:" in out
+    assert out.rstrip().endswith("result: every property holds (exit 0)")
