@@ -65,6 +65,18 @@ def released():
     return resolve_sglang("sglang")
 
 
+def has_variants() -> bool:
+    """The variants hook ``UnifiedRadixCache.checkpoint_into_tree`` (0.5.23's insert path)."""
+    from kvgate.properties.engines.sglang.target import load_release
+
+    return hasattr(load_release().UnifiedRadixCache, "checkpoint_into_tree")
+
+
+# What each design's release is caught on under ``ci`` (docs/sglang.md): the step of the
+# request life after which one request's prompt is backed up.
+CAUGHT_AFTER = {"watermark": "(resumed)", "chunked": "finished"}
+
+
 def resumed_life(target, core: str) -> list:
     """The plain reproduction of docs/sglang.md: A prefills [200 200], is retracted and
     resumes; the pages backed up after each step."""
@@ -84,21 +96,46 @@ def resumed_life(target, core: str) -> list:
     return seen
 
 
+def finished_life(target, core: str) -> list:
+    """A prefills [200 200] and finishes; the pages backed up after each step."""
+    s = target.build(core, gpu_slots=64, host_slots=64, page_size=1)
+    a = s.new("A", (200, 200), 3)
+    assert s.admit(a) and s.prefill_chunk(a, 2)
+    s.writing_check()
+    seen = [s.recorder.take_new()]
+    s.finish(a)
+    s.writing_check()
+    return seen + [s.recorder.take_new()]
+
+
 @pytest.mark.sglang
 @pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
 @pytest.mark.parametrize("core", ["python", "rust"])
 def test_a_resumed_request_counts_again(released, core):
-    """The release's verdict in six calls, on each tree core: one request, retracted and
-    resumed, has its pages backed up at threshold 2 (``Req.reset_for_retract`` zeroes the
-    watermark ``kv.cache_inserted_len``). The mended variant counts it once."""
+    """One request, retracted and resumed, has its pages backed up at threshold 2, on each
+    tree core and in both designs read so far: the chunked design has no watermark, and the
+    watermark design's ``Req.reset_for_retract`` zeroes it (``kv.cache_inserted_len``).
+    The mended variant counts it once."""
     from kvgate.properties.engines.sglang import resolve_sglang
 
     if core not in released.cores:
         pytest.skip(f"no {core} tree core here")
-    assert released.threshold == 2 and released.design == "watermark"
+    assert released.threshold == 2 and released.design in CAUGHT_AFTER
     assert resumed_life(released, core) == [[], [], [(200,), (200, 200)]]
-    if core == "python":
+    if core == "python" and has_variants():
         assert resumed_life(resolve_sglang("sglang+mended"), core) == [[], [], []]
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+@pytest.mark.parametrize("core", ["python", "rust"])
+def test_a_finished_request_counts_once_from_the_watermark_on(released, core):
+    """Prefill then finish, one request: the chunked design counts both inserts and backs the
+    prompt up (0.5.20); the watermark design counts the request once (0.5.23)."""
+    if core not in released.cores:
+        pytest.skip(f"no {core} tree core here")
+    backed_up = [[], [(200,), (200, 200)]] if released.design == "chunked" else [[], []]
+    assert finished_life(released, core) == backed_up
 
 
 @pytest.mark.sglang
@@ -124,6 +161,8 @@ def _variants():
 def test_each_known_bad_variant_is_caught_under_ci(variant):
     from kvgate.properties.engines.sglang import resolve_sglang
 
+    if not has_variants():
+        pytest.skip("this release has no checkpoint_into_tree for the variants to hook")
     run = run_one("sglang", resolve_sglang(f"sglang+{variant}"), "ci", None, None, None, None)
     assert run.status == "FAIL", run.message
     assert run.outcome.shrunk_steps <= 8, run.outcome.program
@@ -133,12 +172,15 @@ def test_each_known_bad_variant_is_caught_under_ci(variant):
 @pytest.mark.sglang
 @pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
 def test_the_release_verdict_under_ci(released):
-    """The installed release as released, under ``ci`` (derandomized): 0.5.23 fails on a
-    request counted again after its retraction, on a few steps (docs/sglang.md)."""
+    """The installed release as released, under ``ci`` (derandomized): one request's prompt
+    backed up at threshold 2, after a retraction and resumption (0.5.23) or after its finish
+    (0.5.20), on a few steps (docs/sglang.md)."""
     run = run_one("sglang", released, "ci", None, None, None, None)
     assert run.status == "FAIL", run.message
     assert "backed up to host after 1 distinct request(s)" in run.message
-    assert "retracted" in run.message and run.outcome.shrunk_steps <= 12
+    last_step = [line for line in run.message.splitlines() if line.startswith("  A: ")][-2:]
+    assert any(CAUGHT_AFTER[released.design] in line for line in last_step), run.message
+    assert run.outcome.shrunk_steps <= 12
 
 
 @pytest.mark.sglang
@@ -146,6 +188,8 @@ def test_the_release_verdict_under_ci(released):
 def test_the_gate_gives_exit_1_and_exit_0(capsys):
     """``kvgate check``: a known-bad variant fails (exit 1, the request life printed); the
     mended release passes (exit 0)."""
+    if not has_variants():
+        pytest.skip("this release has no checkpoint_into_tree for the variants to hook")
     code, out, _ = kvgate(capsys, "check", "--target", "sglang+every-insert", "--profile", "ci")
     assert code == 1, out
     assert "FAIL  sglang x sglang+every-insert: counterexample" in out

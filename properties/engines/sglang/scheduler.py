@@ -111,11 +111,16 @@ class Scheduler:
         req.init_next_round_input(self.cache)
         if self.r2t.alloc([req]) is None:
             return False
-        matched = int(req.prefix_len)
-        if matched:
+        if hasattr(self.cache, "lock"):  # 0.5.23: a lock object, the path's device slots
+            matched = int(req.prefix_len)
             slots = self.cache.path_device_indices(req.last_node)[:matched]
+            req.lock = self.cache.lock(req.last_node)
+        else:  # 0.5.19-0.5.20: the matched slots, a lock receipt (as ``PrefillAdder``)
+            matched = len(req.prefix_indices)
+            slots = req.prefix_indices
+            req.lock_receipt = self.cache.inc_lock_ref(req.last_node).to_dec_params()
+        if matched:
             self.r2t.write((req.kv.req_pool_idx, slice(0, matched)), slots)
-        req.lock = self.cache.lock(req.last_node)
         req.kv.kv_allocated_len = req.kv.kv_committed_len = matched
         life.admitted = True
         return True
@@ -143,8 +148,13 @@ class Scheduler:
         start = life.computed
         if not self._alloc(life, start, end):
             return False
-        life.req.extend_end = end
-        self.sg.checkpoint_kv_cache(life.req, self.cache)
+        if self.sg.checkpoint_kv_cache is not None:
+            life.req.extend_end = end
+            self.sg.checkpoint_kv_cache(life.req, self.cache)
+        else:  # a chunk before the last is stashed ``chunked``; the last is cached plainly
+            life.req.set_extend_range(start, end)
+            chunked = end < len(life.tokens)
+            self.sg.maybe_cache_unfinished_req(life.req, self.cache, chunked=chunked)
         self._note_tree_row(life, end - end % self.page_size)
         return True
 
@@ -167,7 +177,10 @@ class Scheduler:
             req.finished_len = len(life.outputs)
         upto = life.computed
         row = req.kv.req_pool_idx
-        self.sg.release_kv_cache(req, self.cache, checkpoint=True)
+        if self.sg.checkpoint_kv_cache is not None:
+            self.sg.release_kv_cache(req, self.cache, checkpoint=True)
+        else:
+            self.sg.release_kv_cache(req, self.cache, is_insert=True)
         if row is not None:
             kept = self.r2t.req_to_token[row, : upto - upto % self.page_size]
             for position, slot in enumerate(int(s) for s in kept):

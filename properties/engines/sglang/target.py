@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -26,6 +27,7 @@ from .recorder import CopyRecorder
 
 UNIFIED = "unified"  # unified_radix_cache.UnifiedRadixCache (its tree core Python or Rust)
 CORES = ("python", "rust")
+_CORE_VARIABLE = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 _THRESHOLD = re.compile(r'==\s*"write_through"\s+else\s+(\d+)')
 
 
@@ -88,12 +90,23 @@ class SGLangTarget:
         allocator = sg.TokenToKVPoolAllocator(
             size=gpu_slots, dtype=sg.torch.float16, device="cpu", kvcache=kv, need_sort=False
         )
+        # the tree core: a cache parameter (0.5.23), or an environment variable SGLang reads
+        # when the cache is built (0.5.19-0.5.20)
+        by_param = "tree_core_backend" in getattr(sg.CacheInitParams, "__dataclass_fields__", {})
         params = sg.CacheInitParams(
             disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=allocator,
             page_size=page_size, tree_components=(sg.ComponentType.FULL,),
-            tree_core_backend=core,
+            **({"tree_core_backend": core} if by_param else {}),
         )  # fmt: skip
-        cache = cache_cls(params)
+        before = os.environ.get(_CORE_VARIABLE)
+        os.environ[_CORE_VARIABLE] = core
+        try:
+            cache = cache_cls(params)
+        finally:
+            if before is None:
+                os.environ.pop(_CORE_VARIABLE, None)
+            else:
+                os.environ[_CORE_VARIABLE] = before
         if variant:
             variant.core(cache.tree_core)
         scheduler = Scheduler(sg, cache, r2t, allocator, None, page_size)
@@ -162,7 +175,10 @@ def load_release() -> SimpleNamespace:
         SamplingParams=importlib.import_module(
             "sglang.srt.sampling.sampling_params"
         ).SamplingParams,
-        checkpoint_kv_cache=common.checkpoint_kv_cache,
+        # how a chunk's KV enters the tree: a checkpoint (0.5.23), or caching the unfinished
+        # request, ``chunked`` for a chunk before the last (0.5.19-0.5.20)
+        checkpoint_kv_cache=getattr(common, "checkpoint_kv_cache", None),
+        maybe_cache_unfinished_req=getattr(common, "maybe_cache_unfinished_req", None),
         release_kv_cache=common.release_kv_cache,
         evict_from_tree_cache=common.evict_from_tree_cache,
         ReqToTokenPool=importlib.import_module(f"{mc}.memory_pool").ReqToTokenPool,
@@ -189,7 +205,8 @@ def _threshold(sg: SimpleNamespace) -> int:
 
 def _design(sg: SimpleNamespace) -> str:
     """How the release counts, read from its code: a per-request watermark (the insert
-    parameters carry ``inserted_len``), or every insert."""
+    parameters carry ``inserted_len``, as in 0.5.23), a ``chunked`` flag that leaves out the
+    chunks before the last (as in 0.5.20), or every insert."""
     params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").InsertParams
     fields = getattr(params, "__dataclass_fields__", {})
     if "inserted_len" in fields:
@@ -237,6 +254,11 @@ def resolve_sglang(spec: str = "sglang") -> SGLangTarget:
     except Exception as exc:  # an install that half imports: one line, no verdict
         what = " ".join(str(exc).split())[:200]
         raise TargetError(f"sglang does not import here: {type(exc).__name__}: {what}") from None
+    if variant and not hasattr(sg.UnifiedRadixCache, "checkpoint_into_tree"):
+        raise TargetError(
+            f"{spec!r}: the variants hook UnifiedRadixCache.checkpoint_into_tree, which sglang "
+            f"{sg.version} does not have"
+        )
     threshold = _threshold(sg)
     design = _design(sg)
     cores = _cores(sg)
