@@ -243,7 +243,7 @@ class VllmEngine:
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        extra = {}
+        extra: dict[str, Any] = {}
         if isinstance(max_load, int):
             self.transfer_params[req_id] = {"max_load_tokens": max_load}
         elif max_load is not None:
