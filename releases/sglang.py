@@ -28,6 +28,11 @@ BASE_PACKAGES = (
     "gguf openai partial-json-parser datasets triton xgrammar httpx"
 ).split()
 
+# What a release needs beside the base, installed into its own environment (they shadow the
+# base's); and base packages it must not import (a module there that raises ImportError).
+PINS = {"0.5.18": ("transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub<2")}
+HIDDEN = {"0.5.18": ("kernels",)}
+
 
 def envs_dir() -> Path:
     return Path(os.environ.get("KVGATE_SGLANG_ENVS") or ROOT / ".sglang")
@@ -64,9 +69,14 @@ def build(version: str) -> Path:
     )
     subprocess.run(
         [str(base / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-         "--target", str(site), f"sglang=={version}"],
+         "--target", str(site), f"sglang=={version}", *PINS.get(version, ())],
         check=True,
     )  # fmt: skip
+    for name in HIDDEN.get(version, ()):
+        (site / f"{name}.py").write_text(
+            f"raise ImportError('{name} is kept out of this SGLang environment "
+            "(releases/sglang.py)')\n"
+        )
     return env / "bin" / "python"
 
 

@@ -58,17 +58,39 @@ def test_an_unknown_variant_is_one_line_and_exit_2(capsys):
 # --------------------------------------------------------------------------- with SGLang
 
 
+def dense_cache() -> str:
+    """The class the installed release builds for HiCache on a dense model."""
+    from kvgate.properties.engines.sglang.target import _cache_for_a_dense_model
+
+    return _cache_for_a_dense_model("sglang.srt.mem_cache")
+
+
 @pytest.fixture(scope="module")
 def released():
     from kvgate.properties.engines.sglang import resolve_sglang
 
+    if dense_cache() != "UnifiedRadixCache":
+        pytest.skip(f"this release builds {dense_cache()}, which the harness refuses")
     return resolve_sglang("sglang")
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+def test_a_release_whose_hicache_is_hiradixcache_is_refused_in_one_line(capsys):
+    """0.5.18 builds HiRadixCache for a dense model: exit 2 and one line, no verdict."""
+    if dense_cache() == "UnifiedRadixCache":
+        pytest.skip("this release builds UnifiedRadixCache")
+    code, out, err = kvgate(capsys, "check", "--target", "sglang")
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert "builds HiRadixCache for a dense model" in err
 
 
 def has_variants() -> bool:
     """The variants hook ``UnifiedRadixCache.checkpoint_into_tree`` (0.5.23's insert path)."""
     from kvgate.properties.engines.sglang.target import load_release
 
+    if dense_cache() != "UnifiedRadixCache":
+        return False
     return hasattr(load_release().UnifiedRadixCache, "checkpoint_into_tree")
 
 

@@ -161,6 +161,12 @@ def load_release() -> SimpleNamespace:
             f"sglang {sglang.__version__}: no unified radix cache "
             f"({mc}.unified_radix_cache); its HiRadixCache has no harness yet"
         ) from None
+    built = _cache_for_a_dense_model(mc)
+    if built != "UnifiedRadixCache":
+        raise TargetError(
+            f"sglang {sglang.__version__}: --enable-hierarchical-cache builds {built} for a "
+            f"dense model ({mc}.registry); the harness drives UnifiedRadixCache only"
+        )
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
     common = importlib.import_module(f"{mc}.common")
     _published()
@@ -190,6 +196,20 @@ def load_release() -> SimpleNamespace:
         ComponentType=importlib.import_module(f"{mc}.unified_cache.component_type").ComponentType,
     )
     return _LOADED
+
+
+def _cache_for_a_dense_model(mc: str) -> str:
+    """Which class SGLang's cache registry builds for ``--enable-hierarchical-cache`` and a
+    plain (dense, full-attention) model: ``HiRadixCache`` where its default factory still
+    constructs one (0.5.18: the unified cache only for hybrid models), else the unified one."""
+    try:
+        registry = importlib.import_module(f"{mc}.registry")
+    except ModuleNotFoundError:
+        return "UnifiedRadixCache"  # no registry: the unified cache is the one there is
+    factory = getattr(registry, "default_radix_cache_factory", None)
+    if factory is not None and "HiRadixCache(" in inspect.getsource(factory):
+        return "HiRadixCache"
+    return "UnifiedRadixCache"
 
 
 def _threshold(sg: SimpleNamespace) -> int:
