@@ -12,6 +12,8 @@ legality and adopted (spec section 9).
 
 from __future__ import annotations
 
+from typing import cast
+
 from kvgate.impl.manager import OffloadingManager
 
 from .adapters import POLICIES, RECENCIES, Target, TargetError, import_attr, native_target
@@ -30,6 +32,11 @@ def resolve_target(spec: str) -> Target:
             raise TargetError(f"unknown mutant {name!r}; `kvgate list` names them")
         mutant = MUTANTS[name]
         return Target(spec, mutant, mutant.policies, recencies=mutant.recencies, takes_recency=True)
+    if spec.partition("+")[0] == "sglang":  # SGLang's cache, not a manager (spec §11)
+        from .engines.sglang import resolve_sglang
+
+        # an SGLangTarget has what the gate reads of a target (spec, note, unchecked ...)
+        return cast(Target, resolve_sglang(spec))
     foreign = spec.startswith("foreign=")
     rest = spec.split("=", 1)[1] if foreign else spec
     if rest == "vllm" or rest.startswith("vllm="):

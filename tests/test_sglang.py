@@ -207,15 +207,26 @@ def test_the_release_verdict_under_ci(released):
 
 @pytest.mark.sglang
 @pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
-def test_the_gate_gives_exit_1_and_exit_0(capsys):
-    """``kvgate check``: a known-bad variant fails (exit 1, the request life printed); the
-    mended release passes (exit 0)."""
+def test_the_gate_gives_exit_1_and_exit_0(capsys, tmp_path):
+    """``kvgate check``: a known-bad variant fails (exit 1, the request life printed, a repro
+    file that fails again on its own); the mended release passes (exit 0)."""
     if not has_variants():
         pytest.skip("this release has no checkpoint_into_tree for the variants to hook")
-    code, out, _ = kvgate(capsys, "check", "--target", "sglang+every-insert", "--profile", "ci")
+    repro = tmp_path / "repro_sglang.py"
+    code, out, _ = kvgate(
+        capsys, "check", "--target", "sglang+every-insert", "--profile", "ci", "--repro", str(repro)
+    )
     assert code == 1, out
     assert "FAIL  sglang x sglang+every-insert: counterexample" in out
     assert "request life:" in out and "backed up to host after 1 distinct request(s)" in out
+    spec = importlib.util.spec_from_file_location("repro_sglang", repro)
+    assert spec is not None and spec.loader is not None
+    written = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(written)
+    replays = [getattr(written, n) for n in dir(written) if n.startswith("test_")]
+    assert len(replays) == 1
+    with pytest.raises(AssertionError, match="backed up to host after 1 distinct request"):
+        replays[0]()
     code, out, _ = kvgate(
         capsys, "check", "--target", "sglang+mended", "--profile", "ci", "--max-examples", "60"
     )

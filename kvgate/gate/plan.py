@@ -7,7 +7,6 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
 from hypothesis import settings as Settings
 
@@ -123,13 +122,7 @@ def resolve_targets(specs: Sequence[str]) -> list[Target]:
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # MODULE:ATTR from the current directory, as `python -m`
-    targets: list[Target] = []
+    targets = []
     for spec in specs:
-        if spec.partition("+")[0] == "sglang":  # SGLang's cache, not a manager (spec §11)
-            from kvgate.properties.engines.sglang import resolve_sglang
-
-            # an SGLangTarget has what the gate reads of a target (spec, note, unchecked ...)
-            targets.append(cast(Target, resolve_sglang(spec)))
-            continue
         targets.append(resolve_target(spec))
     return targets
