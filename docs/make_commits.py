@@ -93,6 +93,11 @@ def section(plan: list[dict], results: list[dict], reviewed: dict) -> str:
             f"| {judged} | {cell(why)} |"
         )
     counts = ", ".join(f"{n} {k}" for k, n in sorted(tally.items(), key=lambda kv: -kv[1]))
+    kinds: dict[str, int] = {}
+    for r in latest.values():
+        kind = verdict(r) if r["exit"] != 1 else found(r).split(":")[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    met = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     return "\n".join(
         [
             HEADING,
@@ -107,7 +112,17 @@ def section(plan: list[dict], results: list[dict], reviewed: dict) -> str:
             'vllm --profile ci`, there. "after" is the release whose package the commit '
             "follows, placed in the history by its files. Each verdict was reviewed against the "
             "commit's diff: *true* is a real behaviour of that commit's code (or a true line of "
-            "exit 2); the other reviews name a defect of kvgate's. Reviews: " + counts + ".",
+            "exit 2); the other reviews name a defect of kvgate's. The review read each "
+            "commit's code: which manager holds the tracker and whether its `lookup` adds to a "
+            "key's count at every call, what `prepare_store` adds to the skip metric, which calls "
+            "take a request context. Reviews: "
+            + counts
+            + ". What the gate met first: "
+            + met
+            + ". The gate stops at its first counterexample, so a failing row names the first "
+            "defect its search met, not every one (the release table's witnesses show the "
+            "rest). Each result row names the kvgate that judged it (`kvgate`: its commit and a "
+            "digest of its uncommitted changes; the sweep runs the working tree).",
             "",
             "```",
             RUN,
