@@ -23,7 +23,7 @@ HEADING = "## Upstream commits between releases"
 RUN = (
     "python3 -m releases.vllm_commits list GITDIR --json > docs/data/commits-plan.jsonl\n"
     "python3 -m releases.vllm_commits run GITDIR --results docs/data/commits.jsonl\n"
-    "python docs/make_commits.py"
+    "python docs/make_commits.py  # again after docs/make_releases.py, which rewrites the page"
 )
 VERDICTS = {0: "passes", 1: "fails", 2: "not judged"}
 # What a counterexample shows of the code, read off its reason (the words kvgate prints).
