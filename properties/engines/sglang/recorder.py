@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -129,6 +130,17 @@ class CopyRecorder:
 
     def start_writing(self) -> None:
         return None
+
+    mem_pool_device_allocator: Any = None  # where the cache frees device slots through it
+
+    def evict_device(self, device_indices) -> int:
+        """Give device slots back (a node backed up to host leaves the GPU)."""
+        self.mem_pool_device_allocator.free(device_indices)
+        return len(device_indices)
+
+    def evict_host(self, host_indices, backup_only: bool = False) -> int:
+        """Give host slots back (a node leaves host memory)."""
+        return self.mem_pool_host.free(host_indices)
 
     def reset(self) -> None:
         self.ack_write_queue.clear()

@@ -16,6 +16,7 @@ pages left the GPU (their slots came back to the allocator).
 
 from __future__ import annotations
 
+import inspect
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,20 @@ from typing import Any
 import torch
 
 from kvgate.model.radix import Page
+
+
+def _on_request(req: Any) -> bool:
+    """Where the request's KV lengths live: on the request itself and its ``kv`` record made
+    at allocation (0.5.18), or on the ``kv`` record it always has (0.5.20 on)."""
+    return hasattr(req, "kv_committed_len")
+
+
+def committed(req: Any) -> int:
+    return int(req.kv_committed_len if _on_request(req) else req.kv.kv_committed_len)
+
+
+def row_of(req: Any) -> int | None:
+    return req.req_pool_idx if _on_request(req) else req.kv.req_pool_idx
 
 
 @dataclass
@@ -42,7 +57,7 @@ class Life:
 
     @property
     def computed(self) -> int:
-        return int(self.req.kv.kv_committed_len) if self.admitted else 0
+        return committed(self.req) if self.admitted else 0
 
 
 class Scheduler:
@@ -80,7 +95,7 @@ class Scheduler:
 
     def _note_tree_row(self, life: Life, upto: int) -> None:
         """After an insert the request's row holds the tree's slots for ``[0, upto)``."""
-        row = self.r2t.req_to_token[life.req.kv.req_pool_idx, :upto]
+        row = self.r2t.req_to_token[row_of(life.req), :upto]
         for position, slot in enumerate(int(s) for s in row):
             self.tree_slots[slot] = self.page_at(life.tokens, position)
 
@@ -118,12 +133,25 @@ class Scheduler:
         else:  # 0.5.19-0.5.20: the matched slots, a lock receipt (as ``PrefillAdder``)
             matched = len(req.prefix_indices)
             slots = req.prefix_indices
-            req.lock_receipt = self.cache.inc_lock_ref(req.last_node).to_dec_params()
+            locked = self.cache.inc_lock_ref(req.last_node)
+            if hasattr(locked, "to_dec_params"):
+                req.lock_receipt = locked.to_dec_params()
         if matched:
-            self.r2t.write((req.kv.req_pool_idx, slice(0, matched)), slots)
-        req.kv.kv_allocated_len = req.kv.kv_committed_len = matched
+            self.r2t.write((row_of(req), slice(0, matched)), slots)
+        self._computed(req, matched)
         life.admitted = True
         return True
+
+    def _computed(self, req: Any, upto: int) -> None:
+        """The request's KV is allocated and committed up to ``upto``, as the scheduler's
+        allocation leaves it."""
+        if _on_request(req):
+            req.kv_committed_len = upto
+            if req.kv is None:
+                req.kv = self.sg.ReqKvInfo(kv_allocated_len=upto, swa_evicted_seqlen=0)
+            req.kv.kv_allocated_len = upto
+        else:
+            req.kv.kv_allocated_len = req.kv.kv_committed_len = upto
 
     def _alloc(self, life: Life, start: int, end: int) -> bool:
         n = end - start
@@ -134,12 +162,11 @@ class Scheduler:
             if slots is None:
                 return False
         req = life.req
-        self.r2t.write((req.kv.req_pool_idx, slice(start, end)), slots)
+        self.r2t.write((row_of(req), slice(start, end)), slots)
         tokens = life.tokens
         for offset, slot in enumerate(int(s) for s in torch.as_tensor(slots).flatten()):
             self.slot_page[slot] = self.page_at(tokens, start + offset)
-        req.kv.kv_allocated_len = end
-        req.kv.kv_committed_len = end
+        self._computed(req, end)
         return True
 
     def prefill_chunk(self, life: Life, end: int) -> bool:
@@ -176,7 +203,7 @@ class Scheduler:
             req.finished_reason = self.sg.FINISH_LENGTH(length=len(life.outputs))
             req.finished_len = len(life.outputs)
         upto = life.computed
-        row = req.kv.req_pool_idx
+        row = row_of(req)
         if self.sg.checkpoint_kv_cache is not None:
             self.sg.release_kv_cache(req, self.cache, checkpoint=True)
         else:
@@ -192,6 +219,8 @@ class Scheduler:
     def retract(self, life: Life) -> None:
         """SGLang's retraction (decode out of memory): the request gives its KV back and waits
         to be admitted again; what it computed is recomputed then."""
+        # 0.5.18 also takes the server arguments
+        takes_args = "server_args" in inspect.signature(self.sg.release_req).parameters
         self.sg.release_req(
             req=life.req,
             remaing_req_count=0,
@@ -199,6 +228,7 @@ class Scheduler:
             token_to_kv_pool_allocator=self.allocator,
             tree_cache=self.cache,
             hisparse_coordinator=None,
+            **({"server_args": self.sg.server_args} if takes_args else {}),
         )
         life.outputs = [int(t) for t in life.req.output_ids]
         life.admitted = False

@@ -1,8 +1,8 @@
 """The ``sglang`` target: the installed SGLang's hierarchical cache, found by capability.
 
 What is found, never by version string: which cache class the release builds for
-``--enable-hierarchical-cache`` (the unified radix cache where ``mem_cache/unified_radix_cache``
-and its ``unified_cache`` tree cores exist, else ``HiRadixCache``), which tree cores it has
+``--enable-hierarchical-cache`` on a dense model (``HiRadixCache`` where SGLang's cache registry
+still constructs one, 0.5.18; else the unified radix cache), which tree cores it has
 (Python, and the bundled Rust one where it loads), and the selective write-through threshold,
 read from the line of SGLang's code that sets it. The cache is built on a CPU with SGLang's
 own tree, policy and counting code; only its cache controller is the copy recorder
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from kvgate.properties.adapters import TargetError
 
@@ -68,7 +70,7 @@ class SGLangTarget:
             "the disaggregated prefill/decode paths, host-memory eviction and loading back "
             "from host (the machine drives one aggregated scheduler's tree cache, page size 1)"
         ]
-        if "rust" not in self.cores:
+        if "rust" not in self.cores and self.cache_class != "HiRadixCache":
             parts.append("the Rust tree core (it does not load here, or the variant needs Python)")
         return parts
 
@@ -78,8 +80,6 @@ class SGLangTarget:
         from .variants import VARIANTS
 
         sg = load_release()
-        variant = VARIANTS[self.variant] if self.variant else None
-        cache_cls = variant.cache(sg.UnifiedRadixCache) if variant else sg.UnifiedRadixCache
         r2t = sg.ReqToTokenPool(
             size=16, max_context_len=256, device="cpu", enable_memory_saver=False
         )
@@ -90,6 +90,20 @@ class SGLangTarget:
         allocator = sg.TokenToKVPoolAllocator(
             size=gpu_slots, dtype=sg.torch.float16, device="cpu", kvcache=kv, need_sort=False
         )
+        scheduler = Scheduler(sg, None, r2t, allocator, None, page_size)
+        recorder = CopyRecorder(host_slots, scheduler.pages_of_slots)
+        scheduler.recorder = recorder
+        if sg.HiRadixCache is not None:
+            from .hiradix import build_hiradix
+
+            params = sg.CacheInitParams(
+                disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=allocator,
+                page_size=page_size,
+            )  # fmt: skip
+            scheduler.cache = build_hiradix(params, sg.server_args, recorder, allocator)
+            return scheduler
+        variant = VARIANTS[self.variant] if self.variant else None
+        cache_cls = variant.cache(sg.UnifiedRadixCache) if variant else sg.UnifiedRadixCache
         # the tree core: a cache parameter (0.5.23), or an environment variable SGLang reads
         # when the cache is built (0.5.19-0.5.20)
         by_param = "tree_core_backend" in getattr(sg.CacheInitParams, "__dataclass_fields__", {})
@@ -109,9 +123,7 @@ class SGLangTarget:
                 os.environ[_CORE_VARIABLE] = before
         if variant:
             variant.core(cache.tree_core)
-        scheduler = Scheduler(sg, cache, r2t, allocator, None, page_size)
-        recorder = CopyRecorder(host_slots, scheduler.pages_of_slots)
-        scheduler.recorder = recorder
+        scheduler.cache = cache
         # what init_hicache does once its controller is built, with the recorder in its place
         cache.cache_controller = recorder
         cache.tree_core.set_hicache_enabled()
@@ -123,20 +135,44 @@ class SGLangTarget:
 _LOADED: SimpleNamespace | None = None
 
 
-def _published() -> None:
+def _published():
     """SGLang's scheduler publishes its server arguments before it builds a cache; the cache's
     helpers read them (``get_disagg``, ``get_serving``)."""
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
-    runtime_context._CONTEXT.set_server_args(
-        ServerArgs(
-            model_path="kvgate-no-model",
+    def server_args(model_path: str):
+        return ServerArgs(
+            model_path=model_path,
             enable_hierarchical_cache=True,
             hicache_write_policy="write_through_selective",
             device="cpu",
         )
-    )
+
+    hub: Any = importlib.import_module("huggingface_hub.constants")
+
+    offline = hub.HF_HUB_OFFLINE
+    hub.HF_HUB_OFFLINE = True  # no model is fetched, whatever the release reads
+    try:
+        args = server_args("kvgate-no-model")
+    except OSError:  # a release that reads the model's config (0.5.18): a local one-layer one
+        folder = tempfile.mkdtemp(prefix="kvgate-no-model-")
+        with open(os.path.join(folder, "config.json"), "w") as out:
+            json.dump(_NO_MODEL, out)
+        args = server_args(folder)
+    finally:
+        hub.HF_HUB_OFFLINE = offline
+    runtime_context._CONTEXT.set_server_args(args)
+    return args
+
+
+# A model config for releases whose server arguments read one: a one-layer Llama, never loaded.
+_NO_MODEL = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "num_attention_heads": 1, "num_key_value_heads": 1, "num_hidden_layers": 1,
+    "intermediate_size": 64, "vocab_size": 512, "max_position_embeddings": 256,
+    "torch_dtype": "float16",
+}  # fmt: skip
 
 
 def load_release() -> SimpleNamespace:
@@ -154,26 +190,26 @@ def load_release() -> SimpleNamespace:
     import sglang
 
     mc = "sglang.srt.mem_cache"
-    try:
-        urc = importlib.import_module(f"{mc}.unified_radix_cache")
-    except ModuleNotFoundError:
-        raise TargetError(
-            f"sglang {sglang.__version__}: no unified radix cache "
-            f"({mc}.unified_radix_cache); its HiRadixCache has no harness yet"
-        ) from None
     built = _cache_for_a_dense_model(mc)
-    if built != "UnifiedRadixCache":
+    try:
+        module = "hiradix_cache" if built == "HiRadixCache" else "unified_radix_cache"
+        cache_cls = getattr(importlib.import_module(f"{mc}.{module}"), built)
+    except (ModuleNotFoundError, AttributeError):
         raise TargetError(
-            f"sglang {sglang.__version__}: --enable-hierarchical-cache builds {built} for a "
-            f"dense model ({mc}.registry); the harness drives UnifiedRadixCache only"
-        )
+            f"sglang {sglang.__version__}: no {built} ({mc}.{module}) for the hierarchical "
+            "cache of a dense model"
+        ) from None
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
     common = importlib.import_module(f"{mc}.common")
-    _published()
+    server_args = _published()
     _LOADED = SimpleNamespace(
         version=sglang.__version__,
         torch=torch,
-        UnifiedRadixCache=urc.UnifiedRadixCache,
+        server_args=server_args,
+        cache_class=built,
+        UnifiedRadixCache=cache_cls if built == "UnifiedRadixCache" else None,
+        HiRadixCache=cache_cls if built == "HiRadixCache" else None,
+        ReqKvInfo=getattr(batch, "ReqKvInfo", None),
         Req=batch.Req,
         FINISH_LENGTH=batch.FINISH_LENGTH,
         FINISH_ABORT=batch.FINISH_ABORT,
@@ -213,12 +249,11 @@ def _cache_for_a_dense_model(mc: str) -> str:
 
 
 def _threshold(sg: SimpleNamespace) -> int:
-    source = inspect.getsource(sg.UnifiedRadixCache.init_hicache)
-    match = _THRESHOLD.search(source)
+    where = sg.HiRadixCache.__init__ if sg.HiRadixCache else sg.UnifiedRadixCache.init_hicache
+    match = _THRESHOLD.search(inspect.getsource(where))
     if match is None:
         raise TargetError(
-            f"sglang {sg.version}: no selective write-through threshold in "
-            "UnifiedRadixCache.init_hicache"
+            f"sglang {sg.version}: no selective write-through threshold in {where.__qualname__}"
         )
     return int(match.group(1))
 
@@ -238,7 +273,7 @@ def _design(sg: SimpleNamespace) -> str:
 
 def _cores(sg: SimpleNamespace) -> tuple[str, ...]:
     found = []
-    for core in CORES:
+    for core in CORES if sg.UnifiedRadixCache else ():
         try:
             scheduler = SGLangTarget("probe", sg.version, "", "", (core,), 2).build(
                 core, gpu_slots=8, host_slots=8, page_size=1
@@ -249,6 +284,11 @@ def _cores(sg: SimpleNamespace) -> tuple[str, ...]:
             core == "python" and "rust" not in type(scheduler.cache.tree_core).__name__.lower()
         ):
             found.append(core)
+    if sg.HiRadixCache:  # one tree, in Python; built once to know it builds here
+        SGLangTarget("probe", sg.version, "", "", ("python",), 2).build(
+            "python", gpu_slots=8, host_slots=8, page_size=1
+        )
+        found.append("python")
     return tuple(found)
 
 
@@ -287,10 +327,10 @@ def resolve_sglang(spec: str = "sglang") -> SGLangTarget:
     if not cores:
         raise TargetError(f"sglang {sg.version}: neither tree core builds on this machine")
     note = (
-        f"sglang {sg.version}: UnifiedRadixCache, tree cores {'+'.join(cores)}, "
+        f"sglang {sg.version}: {sg.cache_class}, tree cores {'+'.join(cores)}, "
         f"selective threshold {threshold}, counting: {design}"
     )
     if variant:
         note += f"; variant {variant}"
-    return SGLangTarget(spec, sg.version, "UnifiedRadixCache", design, cores, threshold,
+    return SGLangTarget(spec, sg.version, sg.cache_class, design, cores, threshold,
                         variant, note)  # fmt: skip
