@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvgate.model.radix import RadixModel
+from kvgate.properties.search.coverage import Recorded
 
 from .life import divergence, page, pages, tokens
 from .target import SGLangTarget
@@ -30,15 +31,44 @@ MAX_LIVES = 4
 MAX_OUTPUTS = 3
 
 
+# What the machine's draws must reach (coverage labels over the request life's lines).
+_LABELS = {
+    "a page backed up to host": lambda e: e.get("copied", 0) > 0,
+    "a chunk before the last": lambda e: (
+        " chunk [" in e["step"] and ") (prefill" not in e["step"] and "finds no" not in e["step"]
+    ),
+    "a prefix shared on the GPU": lambda e: not e.get("resumed", True) and e["matched"] > 0,
+    "a retraction": lambda e: e["step"].endswith(
+        "retracted (computed KV released, waits to resume)"
+    ),
+    "resumed with its prefix on the GPU": lambda e: e.get("resumed") and e["matched"] > 0,
+    "resumed after its prefix left the GPU": lambda e: e.get("resumed") and e["matched"] == 0,
+    "a page evicted from the GPU": lambda e: e.get("evicted", 0) > 0,
+    "an evicted page kept on host": lambda e: e.get("kept_on_host", 0) > 0,
+    "an abort": lambda e: ": aborted, insert" in e["step"],
+    "a delayed copy completed": lambda e: (
+        e["step"].endswith("copies to host completed") and not e["step"].startswith("0 ")
+    ),
+    "a reset": lambda e: e["step"].startswith("reset (flush_cache)"),
+    "built on the python tree core": lambda e: ", core python," in e["step"],
+    "built on the rust tree core": lambda e: ", core rust," in e["step"],
+}
+
+
 def make_machine(target: SGLangTarget) -> type:
     """A ``RuleBasedStateMachine`` class over ``target`` that ``properties.runner.run_machine``
     runs (its failures carry the request life; ``last_history`` holds the steps' lines)."""
 
-    class SGLangCacheMachine(RuleBasedStateMachine):
-        last_history: list = []
+    class SGLangCacheMachine(Recorded, RuleBasedStateMachine):
+        LABELS = {
+            label: earns
+            for label, earns in _LABELS.items()
+            if not label.endswith(" tree core") or label.split()[-3] in target.cores
+        }
 
         def __init__(self) -> None:
             super().__init__()
+            self.history: list[dict] = []
             self.scheduler: Any = None  # scheduler.Scheduler, built by ``build``
             self.model = RadixModel(threshold=target.threshold)
             self.life: list[str] = []
@@ -53,11 +83,10 @@ def make_machine(target: SGLangTarget) -> type:
         def build(self, core, gpu, delay):
             self.scheduler = target.build(core, gpu_slots=gpu, host_slots=256, page_size=1)
             self.scheduler.recorder.delay = delay
-            self.life.append(
+            self._say(
                 f"cache: {target.note or target.release}, core {core}, {gpu} GPU slots"
                 + (", copies delayed" if delay else "")
             )
-            type(self).last_history = [{"step": line} for line in self.life]
 
         # --- helpers ---
         def _names(self, admitted: bool | None = None, done: bool = False) -> list[str]:
@@ -82,24 +111,34 @@ def make_machine(target: SGLangTarget) -> type:
                 if self.scheduler.lives[n].computed == len(self.scheduler.lives[n].tokens)
             ]
 
-        def _say(self, line: str) -> None:
+        def _say(self, line: str, **facts) -> None:
+            """One line of the request life, with the facts the coverage labels read."""
             self.life.append(line)
+            self.record("step", step=line, **facts)
             type(self).last_history = [{"step": x} for x in self.life]
+
+        def teardown(self) -> None:
+            self.count_labels()
+            type(self).last_history = [{"step": x} for x in self.life]
+
+        def _evicted(self, gone) -> None:
+            kept = sum(p in self.model.on_host for p in gone)
+            self.model.evicted(gone)
+            self._say(f"  evicted from GPU: {pages(gone)}", evicted=len(gone), kept_on_host=kept)
 
         def _settle(self, inserted: tuple[str, tuple[int, ...]] | None = None) -> None:
             """The step's effects in order: pages evicted, the insert, the copies; checked."""
             sched = self.scheduler
             gone = sched.gone_from_gpu()
             if gone:
-                self.model.evicted(gone)
-                self._say(f"  evicted from GPU: {pages(gone)}")
+                self._evicted(gone)
             if inserted is not None:
                 name, toks = inserted
                 self.model.insert(name, toks)
             sched.writing_check()
             copied = sched.recorder.take_new()
             if copied:
-                self._say(f"  backup: {pages(copied)}")
+                self._say(f"  backup: {pages(copied)}", copied=len(copied))
                 for p in copied:
                     if not self.model.due(p):
                         who = sorted(self.model.inserters.get(p, ()))
@@ -112,8 +151,7 @@ def make_machine(target: SGLangTarget) -> type:
                 self.model.backed_up(copied)
             gone = sched.gone_from_gpu()
             if gone:
-                self.model.evicted(gone)
-                self._say(f"  evicted from GPU: {pages(gone)}")
+                self._evicted(gone)
 
         # --- rules ---
         @precondition(lambda self: len(self._names()) + len(self._names(done=True)) < 12)
@@ -139,8 +177,13 @@ def make_machine(target: SGLangTarget) -> type:
             life = self.scheduler.lives[names[pick % len(names)]]
             if not self.scheduler.admit(life):
                 return
-            again = " (resumed)" if life.req.retraction_count else ""
-            self._say(f"{life.name}: admitted{again}, prefix matched on GPU {life.computed}")
+            resumed = bool(life.req.retraction_count)
+            again = " (resumed)" if resumed else ""
+            self._say(
+                f"{life.name}: admitted{again}, prefix matched on GPU {life.computed}",
+                resumed=resumed,
+                matched=life.computed,
+            )
             self._settle()
 
         @precondition(lambda self: self.scheduler and self._prefilling())
