@@ -21,7 +21,7 @@ class Machine:
     name: str
     what: str  # one line for `kvgate list`
     build: Callable[[Target], type]
-    targets: str = "every target"  # which targets it is for, in words
+    targets: str = "every manager target"  # which targets it is for, in words
     not_for: Callable[[Target], str | None] = lambda target: None
     unavailable: Callable[[], str | None] = lambda: None
     install: Callable[[], str] = lambda: ""  # what makes it available, when it is not
