@@ -5,9 +5,12 @@ is ``Req.init_next_round_input`` (the prefix match) and ``cache.lock``; a chunk 
 with ``checkpoint_kv_cache``; finishing and aborting with ``release_kv_cache(checkpoint=True)``;
 a retraction with ``release_req`` (which calls ``Req.reset_for_retract``); eviction with the
 allocator's ``evict_to_free_tokens``; a reset as ``flush_cache`` does it (cache, request rows and
-slots cleared) and only when no request holds KV. What the scheduler does besides (slot
-allocation, writing a request's row, decoding a token) is done here in a few lines, the way the
-scheduler does it, because it needs a GPU there.
+slots cleared) and only when no request holds KV. Older releases have older calls, each used
+where the release has it (never by version): ``cache.inc_lock_ref`` for the lock,
+``maybe_cache_unfinished_req`` (``chunked`` for a chunk before the last) for a chunk's end,
+``release_kv_cache(is_insert=True)`` at finish, the KV lengths on the request itself (0.5.18).
+What the scheduler does besides (slot allocation, writing a request's row, decoding a token) is
+done here in a few lines, the way the scheduler does it, because it needs a GPU there.
 
 The scheduler also names what each device slot holds (the page of tokens it was allocated
 for), so the copy recorder can say which pages a backup copied, and tells which of the tree's
