@@ -141,7 +141,7 @@ def place(release: dict[str, str], trees: list[dict[str, str]]) -> tuple[int, in
 class Planned:
     commit: Commit
     follows: str  # the latest release placed before the commit
-    candidates: list[str]  # built releases to stage over, the nearest earlier first
+    candidates: list[str]  # built releases to stage over, in the order tried (by_coupling)
     drift: dict[str, int] = field(default_factory=dict)  # coupled lines that differ, a release
 
 
