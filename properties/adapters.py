@@ -34,6 +34,9 @@ import hypothesis
 
 from kvgate.impl.base import LookupResult, ReqContext
 
+from . import answers
+from .answers import BadAnswer as BadAnswer  # defined beside the checks that raise it
+
 POLICIES = ("lru", "arc")
 RECENCIES = ("touch", "request")
 # The calls every manager must have, and the ones it may lack (vLLM 0.34.0 removed touch: its
@@ -91,11 +94,6 @@ class TargetError(Exception):
     code failing on it (the CLI exits 2 with one line: never a verdict)."""
 
 
-class BadAnswer(Exception):
-    """An adapter's finding that the target answered a call with something its interface does
-    not allow (``None`` where a ``LookupResult`` is due): a divergence of the target's."""
-
-
 # Where kvgate's own code lives: an exception whose innermost frame outside the standard library
 # is here was raised by kvgate, not by the target (spec §9: never a verdict). The catalogue of
 # known-bad managers is target code that kvgate ships.
@@ -108,7 +106,7 @@ _HARNESS = tuple(
         _HERE.parent / "kvgate",
         Path(hypothesis.__file__).parent,
     )
-)
+) + (str(_HERE.parent / "impl" / "scheduler.py"),)  # the driver, never a target
 _TARGETS_SHIPPED = (str(_HERE / "catalogue") + os.sep,)
 _STDLIB = tuple(
     str(Path(sysconfig.get_paths()[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib")
@@ -149,6 +147,24 @@ def harness_error(exc: BaseException, where: str, during: str, release: str = ""
         f"{': ' + text[0] if text else ''} at {where}, during {during}; kvgate checked nothing "
         "past that step (a kvgate bug: no verdict on the target)"
     )
+
+
+def no_verdict(error: BaseException | None, during: str, release: str = "") -> str:
+    """The one line where ``error`` leaves no verdict on the target, ``""`` where it is one
+    (or where there is no error): a ``TargetError`` (or an error it caused), or an exception
+    raised in kvgate's own code (``harness_error``). A property's failure, an exception raised
+    in the target and an ill-formed answer (``BadAnswer``, and whatever kvgate raised after one:
+    properties/runner.py hands that over as the answer's divergence) are verdicts."""
+    if error is None:
+        return ""
+    if isinstance(error, TargetError):
+        return str(error)
+    if isinstance(error.__cause__, TargetError):
+        return str(error.__cause__)
+    if isinstance(error, (AssertionError, BadAnswer)):
+        return ""
+    where, harness = raised_at(error)
+    return str(harness_error(error, where, during, release)) if harness else ""
 
 
 class Event(NamedTuple):
@@ -205,6 +221,9 @@ class Adapter:
         return self.raw
 
 
+W = answers.NATIVE  # what each answer must be, in the words of kvgate's interface
+
+
 class NativeAdapter(Adapter):
     """A manager that follows kvgate's own interface (impl/base.py)."""
 
@@ -220,26 +239,33 @@ class NativeAdapter(Adapter):
         return ctx.get_offload_key_position(key)
 
     def on_new_request(self, ctx) -> Any:
-        return self._call("on_new_request", ctx)
+        return answers.named("on_new_request", self._call("on_new_request", ctx), W["new_request"])
 
     def on_request_finished(self, ctx) -> None:
         self._call("on_request_finished", ctx)
 
     def lookup(self, key: bytes, ctx=None) -> LookupResult:
         result = self._call("lookup", key, ctx)
-        return LookupResult(str(getattr(result, "name", result)))
+        return LookupResult(answers.named("lookup", result, W["lookup"], LookupResult.__members__))
 
     def get_load_source(self, key: bytes, ctx=None) -> str:
-        return str(self._call("get_load_source", key, ctx))
+        return answers.named(
+            "get_load_source", self._call("get_load_source", key, ctx), W["load_source"]
+        )
 
     def config_info(self) -> list:
-        return [dict(m) for m in self._call("config_info")]
+        return answers.config_info("config_info", self._call("config_info"), W["config_info"])
 
     def has_pending_work(self) -> bool:
-        return self._call("has_pending_work")
+        return answers.boolean(
+            "has_pending_work", self._call("has_pending_work"), W["has_pending_work"]
+        )
 
     def prepare_load(self, keys, ctx=None) -> list[int]:
-        return [int(i) for i in self._call("prepare_load", list(keys), ctx)]
+        ids = answers.chunk_ids(
+            "prepare_load", self._call("prepare_load", list(keys), ctx), W["spec"]
+        )
+        return [int(i) for i in ids]
 
     def complete_load(self, keys, ctx=None) -> None:
         self._call("complete_load", list(keys), ctx)
@@ -248,12 +274,13 @@ class NativeAdapter(Adapter):
         self._call("touch", list(keys), ctx)
 
     def prepare_store(self, keys, ctx):
-        out = self._call("prepare_store", list(keys), ctx)
+        out = answers.store_output(
+            "prepare_store", self._call("prepare_store", list(keys), ctx), W, vllm=False
+        )
         if out is None:
             return None
-        return StoreAnswer(
-            list(out.keys_to_store), [int(i) for i in out.store_spec], list(out.evicted_keys)
-        )
+        stored, spec, evicted = out
+        return StoreAnswer(stored, [int(i) for i in spec], evicted)
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
         # a success as a caller writes it: the interface's default (spec section 2)
@@ -265,15 +292,16 @@ class NativeAdapter(Adapter):
 
     def take_events(self) -> list[Event]:
         return [
-            Event(tuple(e.keys), bool(e.removed), bool(e.metadata_only))
-            for e in self._call("take_events")
+            Event(tuple(e.keys), bool(e.removed), bool(getattr(e, "metadata_only", False)))
+            for e in answers.events("take_events", self._call("take_events"), W["events"])
         ]
 
     def get_stats(self) -> dict | None:
         stats = self._call("get_stats")
         if stats is None:
             return None
-        return stats.as_dict() if hasattr(stats, "as_dict") else dict(stats)
+        raw = stats.as_dict() if hasattr(stats, "as_dict") else stats
+        return answers.metrics("get_stats", raw, W["stats"])
 
     # --- inspection
     def tracker_items(self) -> list[tuple[bytes, int]] | None:

@@ -43,6 +43,7 @@ from kvgate.impl.base import STORES_SKIPPED
 from kvgate.model.cache import NO_POSITIONS, Model, ModelError
 
 from .adapters import EXACT_ONLY, BadAnswer, TargetError, harness_error, raised_at
+from .answers import LEDGER
 from .known import known_of
 from .offers import Handles, Offers
 from .oracle_retained import retained
@@ -261,12 +262,21 @@ class LockstepManager:
         divergence naming the call, the exception and where in the target it was raised; an
         answer the interface does not allow (``BadAnswer``), a divergence too; raised in
         kvgate's own code (the adapter, the oracle), a ``TargetError`` (exit 2, one line),
-        never a verdict."""
+        never a verdict, unless the target had already answered something ill-formed in this
+        example (``answers.LEDGER``): then that answer is the finding, and what kvgate raised
+        reading on is named beside it."""
         if isinstance(exc, TargetError):
             return exc
         if isinstance(exc, BadAnswer):
             return self.diverge(what, str(exc), model, "an answer the interface does not allow")
         where, harness = raised_at(exc)
+        if harness and LEDGER.first:
+            return self.diverge(
+                what,
+                f"{LEDGER.first} (kvgate then raised {type(exc).__name__} at {where})",
+                model,
+                "an answer the interface does not allow",
+            )
         if harness:
             during = f"{what} (step {self.step}, call {self.calls})"
             return harness_error(exc, where, during, getattr(self.target, "release", ""))
@@ -550,13 +560,21 @@ class LockstepManager:
         if "get_stats" in self.missing:
             return None
         t, m = self._both("get_stats", (), self.target.get_stats, self.model.get_stats)
+        if t is None and self._stats_disabled():
+            return None
         if t is None:
             raise self.diverge(
                 "get_stats()",
                 "nothing (None)",
                 ", ".join(sorted(m)),
-                "a get_stats() that returns nothing hides every metric",
+                "a get_stats() that returns nothing hides every metric"
+                + (
+                    " (None is 'disabled', but with store_threshold >= 2 the skip metric is due)"
+                    if self.model.threshold >= 2
+                    else " (it reported metrics before: they are not disabled)"
+                ),
             )
+        self._stats_seen = True
         if (
             m.get(STORES_SKIPPED)
             or m.get("vllm:kv_offload_cpu_allocation_size")
@@ -595,6 +613,15 @@ class LockstepManager:
                     "the target reports a metric the model does not have",
                 )
         return t
+
+    _stats_seen = False  # a get_stats() of this manager has reported metrics
+
+    def _stats_disabled(self) -> bool:
+        """Whether a ``None`` from ``get_stats()`` is the interface's documented "None if
+        disabled": where no skip metric is due (store_threshold < 2, spec §5.2) and this
+        manager has never reported metrics (a set that vanishes later is silence, spec
+        §5.3). Then no metric is compared at this read."""
+        return self.model.threshold < 2 and not self._stats_seen
 
     # --- retained state (spec §4.8): bounded by what the manager must hold
     def _named(self, keys: Iterable[Any], ctx: Any) -> None:
@@ -679,24 +706,24 @@ class LockstepManager:
             if self.inspect:
                 entry = self.model.resident.get(k)
                 want = None if entry is None else (entry["chunk"], entry["ref"])
-                got = self.target.resident(k)
+                got = self._inspected(f"resident({self.key_name(k)!r})", self.target.resident, k)
                 if got != want:
                     raise self.diverge(f"(chunk, ref count) of {self.key_name(k)!r}", got, want)
         self._dirty.clear()
         if self._tracker_dirty:
             self._tracker_dirty = False
-            self._check_tracker(self.target.tracker_items())
+            self._check_tracker(self._inspected("the tracker", self.target.tracker_items))
         if self.foreign or not self._order_dirty:
             return
         self._order_dirty = False
-        free = self.target.free_chunks()
+        free = self._inspected("the pool's free chunks", self.target.free_chunks)
         if free is not None and free + len(self.model.resident) != self.model.num_chunks:
             raise self.diverge(
                 "free chunks + resident chunks",
                 free + len(self.model.resident),
                 self.model.num_chunks,
             )
-        order = self.target.policy_state()
+        order = self._inspected("the policy's order", self.target.policy_state)
         if order is not None:
             model_order = self.model.policy_state()
             if order != model_order:
@@ -705,6 +732,17 @@ class LockstepManager:
                     self.text.policy(order),
                     self.text.policy(model_order),
                 )
+
+    def _inspected(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """What the adapter reads of the target's state (spec §9's inspection): a state it
+        cannot read as the interface's types say (``BadAnswer``) is the target's divergence;
+        anything else raised is judged as a call's would be (``raised``)."""
+        try:
+            return fn(*args)
+        except TargetError:
+            raise
+        except Exception as e:
+            raise self.raised(what, e, "(inspected, not asked of the model)") from e
 
     def _check_tracker(self, got: list | None) -> None:
         want = self.model.tracker_items()

@@ -12,6 +12,8 @@ from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from .adapters import TargetError, raised_at
+from .answers import LEDGER, BadAnswer
 from .explicit import run_programs
 from .profiles import default_profile
 from .search import hypothesis_private as private
@@ -88,6 +90,7 @@ def run_machine(
         def __init__(self):
             counts["examples"] += 1
             self._checks = 0
+            LEDGER.reset()  # the ill-formed answers of this example only
             super().__init__()
 
         def check_invariants(self, *args, **kwargs):
@@ -126,6 +129,7 @@ def run_machine(
         # after the drawn examples: a counterexample they find is shrunk, a program is not
         explicit_passed, error = run_programs(Counted, explicit())
     seconds = time.perf_counter() - start
+    error = blamed(error)
     return RunResult(
         machine=machine_cls.__name__,
         passed=error is None,
@@ -141,6 +145,34 @@ def run_machine(
         phases=_phases(stats[-1] if stats else {}),
         explicit=explicit_passed,
     )
+
+
+class IllFormedAnswer(AssertionError):
+    """The target answered something its interface does not allow, and kvgate's code, reading
+    on, raised: the answer is the finding (a counterexample, exit 1), not kvgate."""
+
+
+def blamed(error: BaseException | None) -> BaseException | None:
+    """``error`` as the run reports it. An exception raised in kvgate's own code is kvgate's
+    (no verdict) only where the target's answers up to it were all well-formed; after an
+    ill-formed one (``answers.LEDGER``, of the example that failed: Hypothesis replays it
+    last) the answer is the finding, with the shrunk steps Hypothesis noted on the error."""
+    if error is None or isinstance(error, (AssertionError, TargetError)):
+        return error
+    if isinstance(error, BadAnswer):  # one no oracle turned into a divergence
+        found = IllFormedAnswer(f"{error} (an answer the interface does not allow)")
+    else:
+        where, harness = raised_at(error)
+        if not harness or not LEDGER.first:
+            return error
+        found = IllFormedAnswer(
+            f"{LEDGER.first} (an answer the interface does not allow; kvgate then raised "
+            f"{type(error).__name__} at {where})"
+        )
+    found.__cause__ = error
+    for note in getattr(error, "__notes__", None) or []:
+        found.add_note(note)
+    return found
 
 
 def _phases(stats: dict) -> dict[str, int]:

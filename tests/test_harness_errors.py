@@ -35,7 +35,7 @@ def test_an_exception_the_target_raises_is_a_divergence_naming_where(capsys):
 def test_an_answer_the_interface_does_not_allow_is_a_divergence(capsys):
     code, out = check(capsys, "vllm=tests.harness_stand_ins:LookupAnswersNone")
     assert code == 1, out
-    assert "answered None, which is not a lookup result" in out, out
+    assert "lookup answered None; the interface requires a LookupResult" in out, out
     assert "(an answer the interface does not allow)" in out, out
 
 
