@@ -327,7 +327,8 @@ class Scheduler:
         for req in self.running:
             if req.state is RequestState.RUNNING:
                 self._offer(req)
-        stats = self._stats_dict(self.manager.get_stats())
+        raw = self.manager.get_stats()  # None: metrics disabled, nothing to read
+        stats = {} if raw is None else self._stats_dict(raw)
         self.counters.skips += stats.get(STORES_SKIPPED) or 0
         for _ in self.manager.take_events():  # drained, as an engine publishes them
             pass

@@ -13,8 +13,9 @@ from typing import Any
 from hypothesis import Phase
 from hypothesis import settings as Settings
 
-from kvgate.properties.adapters import Target, TargetError, harness_error, raised_at
-from kvgate.properties.known import KnownDefects, gone_error, with_known
+from kvgate.properties.adapters import Target, TargetError, no_verdict
+from kvgate.properties.known import KnownDefects, with_known
+from kvgate.properties.known_witness import judge
 from kvgate.properties.profiles import PHASES
 from kvgate.properties.runner import PROFILE_DATABASE, RunResult, run_machine
 
@@ -127,8 +128,11 @@ def run_one(
 ) -> Run:
     """Run one machine against one target. ``database``: an example database, ``None`` for
     none, by default the profile's. ``known``: declared known defects (checked names,
-    ``properties.known``): not compared, and a passing run that never saw one fails."""
+    ``properties.known``): their differences are not compared, and after the run each one's
+    witness decides whether it is still there; a passing run whose declared defect is gone (or
+    whose witness diverges otherwise) fails."""
     run = Run(kind, target.spec, target.foreign)
+    plain = target
     if known:
         run.known = KnownDefects(tuple(known))
         target = with_known(target, run.known)
@@ -143,23 +147,21 @@ def run_one(
         machine, profile, seed=seed, max_examples=max_examples, database=database, **overrides
     )
     run.result = result
-    gone = gone_error(run.known) if run.known is not None and result.passed else None
-    if gone is not None:  # strict: the declaration outlived the fix
-        result.passed, result.error = False, gone
-    error = result.error
-    if isinstance(error, TargetError):
-        run.target_error = one_line(str(error))
-    elif error is not None and isinstance(getattr(error, "__cause__", None), TargetError):
-        run.target_error = one_line(str(error.__cause__))
-    elif error is not None and not isinstance(error, AssertionError):
-        # Not a property's failure: where it was raised decides (spec §9). In kvgate's own code
-        # (a machine, the oracle, an adapter, Hypothesis) it is no verdict: exit 2, one line.
-        where, harness = raised_at(error)
-        if harness:
-            kind_text = f"the {kind} machine"
-            run.target_error = one_line(
-                str(harness_error(error, where, kind_text, target.release or target.spec))
-            )
+    if run.known is not None:  # each declaration judged by its witness, whatever the budget
+        try:
+            gone = judge(run.known, plain)
+        except TargetError as exc:  # a witness that cannot run there: no verdict
+            result.passed, result.error = False, exc
+        else:
+            if gone is not None and result.passed:  # strict: the declaration outlived the fix
+                result.passed, result.error = False, gone
+    # Not a property's failure: what caused it decides (spec §9). Raised in kvgate's own code
+    # (a machine, the oracle, an adapter, Hypothesis) after well-formed answers only, it is no
+    # verdict: exit 2, one line. After an ill-formed answer the runner already made the answer
+    # the finding (properties/runner.py ``blamed``).
+    line = no_verdict(result.error, f"the {kind} machine", target.release or target.spec)
+    if line:
+        run.target_error = one_line(line)
     return run
 
 

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 from kvgate.impl.base import (
     ALLOCATION_SIZE,
@@ -51,10 +51,10 @@ from kvgate.impl.base import (
     key_group,
 )
 
+from ... import answers
 from ...adapters import (
     POLICIES,
     Adapter,
-    BadAnswer,
     Event,
     Residency,
     StoreAnswer,
@@ -67,6 +67,9 @@ from ...adapters import (
 VLLM_MANAGER = "vllm.v1.kv_offload.cpu.manager"
 VLLM_MANAGER_CLASS = "CPUOffloadingManager"
 VLLM_TYPES = "vllm.v1.kv_offload.base"
+# Where a release keeps ReqContext and make_offload_key: base.py, or abstract.py before the
+# rename (upstream #40538); the interface is read from the calls' signatures, not from which.
+TYPE_HOMES = (VLLM_TYPES, "vllm.v1.kv_offload.abstract")
 # What spec section 10 lists next to the CPU build of torch; the wheel itself goes in with
 # --no-deps so that its CUDA dependency set stays out.
 VLLM_CPU_PACKAGES = (
@@ -103,6 +106,20 @@ OLDER_NAMES = {
 # next to the types module, and built the way the release's own spec builds it (T >= 2 only).
 THRESHOLD_WRAPPER = ("vllm.v1.kv_offload.reuse_manager", "FilterReusedOffloadingManager")
 REQUEST_HOOKS = ("on_request_access", "on_request_finished")
+# What each answer must be, in the words of vLLM's interface (properties/answers.py).
+W = answers.VLLM
+LOOKUP_NAMES = ("MISS", "HIT", "HIT_PENDING", "RETRY")
+# The calls that name a request context after their keys, in the interface kvgate drives; each
+# is asked its own signature (``calls_without_context``), never the module layout.
+CONTEXT_CALLS = (
+    "lookup",
+    "get_load_source",
+    "prepare_load",
+    "complete_load",
+    "touch",
+    "prepare_store",
+    "complete_store",
+)
 
 
 def installed_vllm_version() -> str | None:
@@ -131,13 +148,35 @@ class VllmTypes:
         return cls(module.ReqContext, module.make_offload_key, module.__name__)
 
 
+def types_module() -> Any:
+    """The installed vLLM's module of request types (the first of ``TYPE_HOMES`` that defines
+    ``ReqContext`` and ``make_offload_key``), or None."""
+    for name in TYPE_HOMES:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # absent, or a dependency that fails while importing
+            continue
+        if hasattr(module, "ReqContext") and hasattr(module, "make_offload_key"):
+            return module
+    return None
+
+
 def vllm_types() -> VllmTypes:
     """The installed vLLM's types; ``TargetError`` (one line: how to install) without it."""
+    module = types_module()
+    if module is not None:
+        return VllmTypes.from_module(module)
     try:
-        module = importlib.import_module(VLLM_TYPES)
+        importlib.import_module(VLLM_TYPES)
     except Exception as exc:  # ImportError, or a dependency that fails while importing
-        raise TargetError(f"vLLM is not importable ({_one_line(exc)}); {INSTALL_HINT}") from None
-    return VllmTypes.from_module(module)
+        if installed_vllm_version() is None:
+            raise TargetError(
+                f"vLLM is not importable ({_one_line(exc)}); {INSTALL_HINT}"
+            ) from None
+    raise TargetError(
+        f"vLLM {installed_vllm_version()}: none of {', '.join(TYPE_HOMES)} defines ReqContext and "
+        "make_offload_key, so its offloading calls name no request: nothing is checked"
+    )
 
 
 def _one_line(exc: BaseException) -> str:
@@ -151,10 +190,41 @@ def _plain(value: Any) -> Any:
 
 
 def _ids(spec: Any) -> list[int]:
-    """Chunk ids of a load/store spec: an object with ``block_ids`` (a numpy array in vLLM)
-    or a plain sequence."""
-    ids = getattr(spec, "block_ids", spec)
-    return [int(i) for i in ids]
+    """Chunk ids of a load/store spec (``answers.spec_block_ids`` checked it first): its
+    ``block_ids``, a numpy array in vLLM."""
+    return [int(i) for i in spec.block_ids]
+
+
+_CONTEXT_PARAMS = ("req_context", "request_context", "req_ctx", "ctx", "context")
+_BLIND: dict[type, frozenset[str]] = {}
+
+
+def takes_context(fn: Any) -> bool:
+    """Whether a call names a request context after its keys, read from its own signature: a
+    parameter named for one (``req_context``), or ``*args``/``**kwargs`` that pass anything on
+    (a wrapper); a signature that cannot be read is taken to (the interface kvgate drives)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return any(p.kind in variadic or p.name in _CONTEXT_PARAMS for p in params)
+
+
+def calls_without_context(manager_or_class: Any) -> frozenset[str]:
+    """The calls of ``CONTEXT_CALLS`` the manager has whose signature names no request
+    context (an upstream version between releases: ``complete_store(keys, success)`` beside
+    the new module layout), found once per class."""
+    cls = manager_or_class if isinstance(manager_or_class, type) else type(manager_or_class)
+    found = _BLIND.get(cls)
+    if found is None:
+        found = frozenset(
+            name
+            for name in CONTEXT_CALLS
+            if callable(getattr(cls, name, None)) and not takes_context(getattr(cls, name))
+        )
+        _BLIND[cls] = found
+    return found
 
 
 class VllmAdapter(Adapter):
@@ -170,6 +240,8 @@ class VllmAdapter(Adapter):
         offload_policy: Any = None,
         lookup_bool: bool = False,
         metadata_events: bool = True,
+        blind: frozenset[str] | None = None,
+        new_request_none: bool = False,
     ):
         super().__init__(manager)
         self.types = types or vllm_types()
@@ -186,6 +258,10 @@ class VllmAdapter(Adapter):
         self.lookup_bool = lookup_bool
         # whether its event type can say "metadata only" (a failed store's removal)
         self.metadata_events = metadata_events
+        # the calls whose own signature names no request context: called without one
+        self.blind = calls_without_context(manager) if blind is None else blind
+        # on_new_request declared to answer nothing (``-> None``): no policy is asked of it
+        self.new_request_none = new_request_none
         # the manager that holds the policy and the pool (a threshold wrapper's backing one)
         self.inner = getattr(manager, INTERNALS["backing"], None) or manager
 
@@ -267,7 +343,12 @@ class VllmAdapter(Adapter):
 
     def on_new_request(self, ctx) -> Any:
         answer = self._call("on_new_request", ctx)
-        return None if answer is None else _plain(getattr(answer, "policy", answer))
+        if answer is None and self.new_request_none:  # declared "-> None": no policy to give
+            return None
+        policy = getattr(answer, "policy", None)
+        if policy is None:
+            raise answers.bad("on_new_request", answers.shown(answer), W["new_request"])
+        return answers.named("on_new_request", policy, W["new_request"])
 
     def on_request_finished(self, ctx) -> None:
         self._call("on_request_finished", ctx)
@@ -280,14 +361,16 @@ class VllmAdapter(Adapter):
         read instead, so that kvgate's own look adds no count (spec §3.2)."""
         if ctx is None and self.feed == "lookup":
             return self.peek(key)
-        result = self._call("lookup", self._key(key), ctx)
-        if self.lookup_bool and (result is True or result is False or result is None):
-            return LookupResult("HIT" if result else "MISS" if result is False else "HIT_PENDING")
-        name = str(getattr(result, "name", result)).upper()
-        try:
-            return LookupResult(name)
-        except ValueError:
-            raise BadAnswer(f"answered {result!r}, which is not a lookup result") from None
+        result = self._with_context("lookup", self._key(key), ctx)
+        if self.lookup_bool:
+            if result is True or result is False or result is None:
+                return LookupResult(
+                    "HIT" if result else "MISS" if result is False else "HIT_PENDING"
+                )
+            raise answers.bad("lookup", answers.shown(result), W["lookup_bool"])
+        name = answers.named("lookup", result, W["lookup"], LOOKUP_NAMES)
+        # RETRY is the interface's, never the model's: returned as it is, it differs
+        return LookupResult(name) if name in LookupResult.__members__ else name  # type: ignore[return-value]
 
     def peek(self, key: bytes) -> LookupResult:
         """Residency read off the policy (no call the manager counts)."""
@@ -297,33 +380,45 @@ class VllmAdapter(Adapter):
         return LookupResult.HIT if chunk.is_ready else LookupResult.HIT_PENDING
 
     def get_load_source(self, key: bytes, ctx=None) -> str:
-        return str(_plain(self._call("get_load_source", self._key(key), ctx)))
+        answer = self._with_context("get_load_source", self._key(key), ctx)
+        return answers.named("get_load_source", answer, W["load_source"])
 
     def config_info(self) -> list:
-        return [dict(m) for m in self._call("config_info")]
+        return answers.config_info("config_info", self._call("config_info"), W["config_info"])
 
     def has_pending_work(self) -> bool:
-        return self._call("has_pending_work")
+        answer = self._call("has_pending_work")
+        return answers.boolean("has_pending_work", answer, W["has_pending_work"])
 
     def prepare_load(self, keys, ctx=None) -> list[int]:
-        return _ids(self._call("prepare_load", self._keys(keys), ctx))
+        spec = self._with_context("prepare_load", self._keys(keys), ctx)
+        answers.spec_block_ids("prepare_load", spec, W["spec"])
+        return _ids(spec)
 
     def complete_load(self, keys, ctx=None) -> None:
-        self._call("complete_load", self._keys(keys), ctx)
+        self._with_context("complete_load", self._keys(keys), ctx)
 
     def touch(self, keys, ctx=None) -> None:
-        self._call("touch", self._keys(keys), ctx)
+        self._with_context("touch", self._keys(keys), ctx)
 
     def prepare_store(self, keys, ctx):
-        out = self._call("prepare_store", self._keys(keys), ctx)
-        if out is None:
+        out = self._with_context("prepare_store", self._keys(keys), ctx)
+        checked = answers.store_output("prepare_store", out, W, vllm=True)
+        if checked is None:
             return None
-        return StoreAnswer(
-            self._backs(out.keys_to_store), _ids(out.store_spec), self._backs(out.evicted_keys)
-        )
+        stored, spec, evicted = checked
+        return StoreAnswer(self._backs(stored), _ids(spec), self._backs(evicted))
 
     def complete_store(self, keys, ctx=None, success: bool = True) -> None:
-        self._call("complete_store", self._keys(keys), ctx, success=success)
+        self._with_context("complete_store", self._keys(keys), ctx, success=success)
+
+    def _with_context(self, name: str, first: Any, ctx: Any, **kwargs: Any) -> Any:
+        """``name(first, ctx, ...)``, or ``name(first, ...)`` where the call's own signature
+        names no request context (an upstream version between releases may keep the old form
+        of some calls beside the new module layout)."""
+        if name in self.blind:
+            return self._call(name, first, **kwargs)
+        return self._call(name, first, ctx, **kwargs)
 
     def reset_cache(self) -> None:
         self._call("reset_cache")
@@ -335,7 +430,7 @@ class VllmAdapter(Adapter):
         inert ``removal_expected`` its CPU manager never sets and no ``req_context``: spec §10
         counts both as 0.34.0's, so neither is read there."""
         # vLLM's take_events() is a generator: nothing is drained until it is iterated.
-        events = list(self._call("take_events") or ())
+        events = answers.events("take_events", self._call("take_events"), W["events"])
         self.raw = events
         return [
             Event(
@@ -350,20 +445,25 @@ class VllmAdapter(Adapter):
     def get_stats(self) -> dict[str, Any] | None:
         stats = self._call("get_stats")
         if stats is None:
-            return None
-        if isinstance(stats, dict):
+            return None  # "None if disabled": the oracle judges whether it may be
+        if isinstance(stats, Mapping):
             raw = stats
-        elif hasattr(stats, "reduce"):
-            raw = stats.reduce() or {}
-        elif hasattr(stats, "as_dict"):
-            raw = stats.as_dict()
+        elif callable(getattr(stats, "reduce", None)):
+            raw = answers.metrics(
+                "get_stats", stats.reduce(), W["stats"], "stats whose reduce() gave "
+            )
+        elif callable(getattr(stats, "as_dict", None)):
+            raw = answers.metrics(
+                "get_stats", stats.as_dict(), W["stats"], "stats whose as_dict() gave "
+            )
         else:
-            return None
+            raise answers.bad("get_stats", answers.shown(stats), W["stats"])
         raw = {_metric_name(name): value for name, value in dict(raw).items()}
         out: dict[str, Any] = {}
         for name in (STORES_SKIPPED, CACHE_USAGE, WRITE_USAGE, READ_USAGE):
             value = raw.get(name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            answers.metric_value("get_stats", name, value, W["stats"])
+            if value is not None:
                 out[name] = value
         # reduce() may summarise the histogram (count and sum): read its samples unreduced.
         samples = _samples(raw.get(ALLOCATION_SIZE))
@@ -409,7 +509,12 @@ class VllmAdapter(Adapter):
         counts = getattr(self.manager, "counts", None)
         if counts is None:
             return None
-        return [(self._back(k), int(c)) for k, c in counts.items()]
+        items = list(counts.items()) if callable(getattr(counts, "items", None)) else None
+        if items is None or not all(answers.is_integer(c) for _, c in items):
+            raise answers.bad(
+                "the tracker (counts)", answers.shown(counts), "a mapping of keys to int counts"
+            )
+        return [(self._back(k), int(c)) for k, c in items]
 
     def resident(self, key: bytes) -> Residency | None:
         chunk = self._policy.get(self._key(key))
@@ -417,8 +522,15 @@ class VllmAdapter(Adapter):
             return None
         chunk_id = getattr(chunk, "chunk_id", None)
         if chunk_id is None:
-            chunk_id = getattr(chunk, OLDER_NAMES["chunk_id"])
-        return Residency(int(chunk_id), int(chunk.ref_cnt))
+            chunk_id = getattr(chunk, OLDER_NAMES["chunk_id"], None)
+        ref = getattr(chunk, "ref_cnt", None)
+        if not answers.is_integer(chunk_id) or not answers.is_integer(ref):
+            raise answers.bad(
+                f"the policy's entry for {answers.shown(self._key(key))}",
+                answers.shown(chunk),
+                "a chunk status with an int chunk_id and ref_cnt",
+            )
+        return Residency(int(cast(int, chunk_id)), int(cast(int, ref)))
 
     def inspectable(self) -> bool:
         return not self.uninspectable()
@@ -614,6 +726,10 @@ def describe(
         parts.append(f"tracker fed at {learned['feed']}s")
     if learned.get("lookup_bool"):
         parts.append("lookup answers a bool or None")
+    if learned.get("blind"):
+        parts.append(
+            f"{', '.join(sorted(learned['blind']))} take no request context (called without one)"
+        )
     if learned.get("metadata_events") is False:
         parts.append("no metadata-only events")
     if learned.get("offload_policy") is not None:
@@ -636,6 +752,24 @@ def describe(
     return "; ".join(parts)
 
 
+def manager_module() -> Any:
+    """The installed vLLM's module of ``CPUOffloadingManager``; ``TargetError`` (one line)
+    where vLLM is not importable, or predates that module (0.18: one manager per policy, whose
+    interface ``older_interface`` reads from the abstract class's signatures)."""
+    try:
+        return importlib.import_module(VLLM_MANAGER)
+    except Exception as exc:
+        first = exc
+    try:
+        base = importlib.import_module(TYPE_HOMES[1]).OffloadingManager
+    except Exception:
+        base = None
+    older = older_interface(base) if base is not None else ""
+    if older:
+        raise TargetError(f"{older} (it has no {VLLM_MANAGER})")
+    raise TargetError(f"target 'vllm': vLLM is not importable ({_one_line(first)}); {INSTALL_HINT}")
+
+
 def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = False) -> Target:
     """``vllm`` or ``vllm=MODULE:ATTR`` -> a ``Target`` (exact unless ``foreign``);
     ``TargetError`` (one line) when vLLM or the class cannot be imported, or its recency
@@ -647,12 +781,7 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
     """
     name = f"foreign={spec}" if foreign else spec
     if spec == "vllm":
-        try:
-            module = importlib.import_module(VLLM_MANAGER)
-        except Exception as exc:
-            raise TargetError(
-                f"target 'vllm': vLLM is not importable ({_one_line(exc)}); {INSTALL_HINT}"
-            ) from None
+        module = manager_module()
         cls = getattr(module, VLLM_MANAGER_CLASS, None)
         if cls is None:
             raise TargetError(
@@ -678,9 +807,16 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
     missing = check_interface(cls, VllmAdapter.INTERFACE) if isinstance(cls, type) else frozenset()
     wrapper = threshold_wrapper(cls) if spec == "vllm" else None
     factory = vllm_factory(cls, name, wrapper)
+    blind = calls_without_context(cls) if isinstance(cls, type) else None
+    if blind and "prepare_store" in blind:
+        raise TargetError(no_request_line(spec, cls, blind))
     learned: dict[str, Any] = dict(
-        lookup_bool=lookup_answers_bool(cls), metadata_events=metadata_events(types)
+        lookup_bool=lookup_answers_bool(cls),
+        metadata_events=metadata_events(types),
+        new_request_none=declares_none(cls, "on_new_request"),
     )
+    if blind is not None:
+        learned["blind"] = blind
     positions = VllmAdapter.holds_positions(types.ReqContext)
     try:  # capabilities that only a built manager shows
         probe = VllmAdapter(
@@ -731,7 +867,7 @@ def older_interface(cls: Any) -> str:
     """One line where the installed vLLM's manager predates the interface kvgate drives (every
     call names its request context, the types in ``vllm.v1.kv_offload.base``): which calls name
     no request, where the threshold lives, and that nothing is checked; "" otherwise."""
-    if importlib.util.find_spec("vllm.v1.kv_offload.base") is not None:
+    if types_module() is not None:
         return ""
     calls = ("lookup", "prepare_load", "touch", "complete_load", "prepare_store", "complete_store")
     blind = []
@@ -750,10 +886,30 @@ def older_interface(cls: Any) -> str:
     )
     return (
         f"vLLM {installed_vllm_version()}: {where}and its calls "
-        f"{'; '.join(blind) or '(all of them)'} name no request context (its types are not in "
-        "vllm.v1.kv_offload.base); kvgate drives managers whose every call names its request, "
+        f"{'; '.join(blind) or '(all of them)'} name no request context (no ReqContext in "
+        f"{' or '.join(TYPE_HOMES)}); kvgate drives managers whose every call names its request, "
         "so the admission rule (spec A2, A3) is not judged on this release: nothing is checked"
     )
+
+
+def no_request_line(spec: str, cls: Any, blind: frozenset[str]) -> str:
+    """One line for a manager whose ``prepare_store`` names no request (read from its
+    signature): the admission rule counts per request (spec A2, A3), so nothing is judged."""
+    name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', cls)}"
+    return (
+        f"target {spec!r}: {name}'s calls {', '.join(sorted(blind))} name no request context "
+        "(read from their signatures); kvgate judges the admission rule per request (spec A2, "
+        "A3), which needs prepare_store to name its request: nothing is checked"
+    )
+
+
+def declares_none(cls: Any, call: str) -> bool:
+    """Whether ``cls.call`` is declared to answer nothing (``-> None``)."""
+    try:
+        annotation = inspect.signature(getattr(cls, call)).return_annotation
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return annotation is None or annotation == "None"
 
 
 def threshold_wrapper(cls: Any) -> Callable[..., Any] | None:
