@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from kvgate.gate import (
@@ -20,8 +21,20 @@ from kvgate.gate import (
     run_one,
 )
 from kvgate.gate.reports import write_history, write_junit, write_repro
-from kvgate.gate.text import coverage_lines, failure_lines, not_checked_lines, run_lines
-from kvgate.properties.known import KnownDefectError, check_declarations
+from kvgate.gate.text import (
+    coverage_lines,
+    example_parts,
+    failure_lines,
+    not_checked_lines,
+    parts_text,
+    run_lines,
+)
+from kvgate.properties.known import (
+    CATALOGUE,
+    KnownDefectError,
+    KnownDefectGone,
+    check_declarations,
+)
 from kvgate.properties.runner import PROFILE_DATABASE
 from kvgate.properties.targets import Target
 
@@ -55,10 +68,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME",
-        help="a defect of the target known already, by what it breaks (a metric such as "
-        "vllm:kv_offload_stores_skipped, event.removal_expected, event.request, or an interface "
-        "answer such as config_info), repeatable: not compared, listed as still present, and "
-        "the run fails when it no longer occurs (the admission rule cannot be declared)",
+        help="a defect of the target known already, by its name in kvgate's catalogue "
+        "(skip-undercount, skip-overcount), as METRIC:under or METRIC:over, or as the bare "
+        "metric vllm:kv_offload_stores_skipped (= skip-undercount), repeatable: only its "
+        "differences (that metric, that direction) are not compared, and its witness decides "
+        "after each run whether it is still there: the run fails the day it is fixed (the "
+        "admission rule cannot be declared)",
     )
     check.add_argument(
         "--repro", metavar="FILE", help="write the shrunk counterexample as a pytest file"
@@ -106,7 +121,7 @@ def cmd_check(args) -> int:
             + (f"; seed {args.seed}" if args.seed is not None else "")
             + f"; {describe_database(args, profile)}"
             + f"; machines: {', '.join(plan.kinds)}; targets: {', '.join(specs)}"
-            + (f"; known defects: {', '.join(known)}" if known else "")
+            + (f"; known defects: {described(known)}" if known else "")
         )
         for line in plan.left_out_lines(specs):
             display.line(line)
@@ -179,6 +194,11 @@ def known_defects(names: Sequence[str]) -> tuple[str, ...]:
         raise UsageError(f"--known-defect: {exc}") from None
 
 
+def described(known: Sequence[str]) -> str:
+    """The declared defects as the header names them: name (metric, direction)."""
+    return ", ".join(f"{n} ({CATALOGUE[n].breaks})" for n in known)
+
+
 def print_summary(
     display: Display,
     runs: Sequence[Run],
@@ -190,26 +210,30 @@ def print_summary(
 ) -> None:
     done = [r.result for r in runs if r.result is not None]
     kinds = list(dict.fromkeys(r.machine for r in runs))
-    total = {k: sum(r.phases.get(k, 0) for r in done) for k in ("generated", "reused", "shrinking")}
+    total: Counter[str] = Counter()
+    for r in done:
+        total.update(example_parts(r))
     display.line(
         f"summary: {len(runs)} run{'s' * (len(runs) != 1)}; machines: "
         f"{', '.join(kinds)}; {sum(r.examples for r in done)} examples "
-        f"({total['generated']} new, {total['reused']} from the example database, "
-        f"{total['shrinking']} while shrinking); {sum(r.steps for r in done)} steps; "
+        f"({parts_text(dict(total))}); {sum(r.steps for r in done)} steps; "
         f"{seconds:.1f}s"
     )
-    if total["reused"] and with_database:
+    reused = total["from the example database"]
+    if reused and with_database:
         display.line(
-            f"note: {total['reused']} examples were replayed from the example "
+            f"note: {reused} examples were replayed from the example "
             "database (earlier failures and their neighbours); --no-database "
             "searches afresh"
         )
     specs = [t.spec for t in targets]
     for line in plan.left_out_lines(specs) + coverage_lines(runs) + not_checked_lines(targets):
         display.line(line)
+    failing = [r for r in runs if r.status == "FAIL"]
+    gone = failing and all(isinstance(r.outcome.error, KnownDefectGone) for r in failing)
     verdict = {
         0: "every property holds",
-        1: "counterexample found",
+        1: "a declared known defect is not there" if gone else "counterexample found",
         2: "a target could not be checked",
     }[code]
     display.line(f"result: {verdict} (exit {code})")

@@ -13,17 +13,37 @@ from kvgate.properties.targets import Target
 from .run import Run
 
 
-def examples_text(r) -> str:
-    """How many test cases a run tried, by where they came from."""
+def example_parts(r) -> dict[str, int]:
+    """A run's test cases by where they came from, adding up to ``r.examples`` (each machine
+    built once per test case): the phases Hypothesis reports (``properties/runner.py``), the
+    explicit programs run after the draws, and the shrunk counterexample run once more to
+    report it."""
     p = r.phases
-    parts = [f"{p.get('generated', 0)} new"]
-    if p.get("reused"):
-        parts.append(f"{p['reused']} from the example database")
-    if p.get("invalid"):
-        parts.append(f"{p['invalid']} invalid")
-    if p.get("shrinking"):
-        parts.append(f"{p['shrinking']} while shrinking")
-    return f"{r.examples} examples ({', '.join(parts)})"
+    failed_program = bool(r.program) and r.program[0].startswith("# explicit program")
+    explicit = r.explicit + failed_program
+    parts = {
+        "new": p.get("generated", 0),
+        "from the example database": p.get("reused", 0),
+        "invalid": p.get("invalid", 0),
+        "while shrinking": p.get("shrinking", 0),
+        "explicit programs": explicit,
+    }
+    rest = r.examples - sum(parts.values())
+    if rest > 0 and not r.passed and r.program and not explicit:
+        parts["replaying the counterexample"] = 1  # Hypothesis runs the shrunk one once more
+        rest -= 1
+    parts["other"] = rest
+    return parts
+
+
+def parts_text(parts: dict[str, int]) -> str:
+    """``1 new, 153 while shrinking``: the non-zero parts (``new`` always)."""
+    return ", ".join(f"{n} {what}" for what, n in parts.items() if n or what == "new")
+
+
+def examples_text(r) -> str:
+    """How many test cases a run tried, by where they came from (the parts add up)."""
+    return f"{r.examples} examples ({parts_text(example_parts(r))})"
 
 
 def run_lines(run: Run) -> list[str]:
@@ -33,13 +53,14 @@ def run_lines(run: Run) -> list[str]:
     figures = f"{examples_text(r)}, {r.steps} steps, {r.seconds:.1f}s"
     if run.status == "PASS":
         lines = [f"PASS  {run.name}: {figures}"]
+    elif run.status == "FAIL" and isinstance(r.error, KnownDefectGone):
+        lines = [f"FAIL  {run.name}: passed, but a declared known defect is not there ({figures})"]
     elif run.status == "FAIL":
         lines = [f"FAIL  {run.name}: counterexample in {r.shrunk_steps} steps ({figures})"]
     else:
         lines = [f"ERROR {run.name}: {run.target_error}"]
-    if run.known is not None and r is not None:
-        passed = r.passed or isinstance(r.error, KnownDefectGone)
-        lines += [f"      {line}" for line in run.known.lines(passed)]
+    if run.known is not None and run.status != "ERROR":
+        lines += [f"      {line}" for line in run.known.lines()]
     return lines
 
 
@@ -76,6 +97,12 @@ def failure_lines(run: Run) -> list[str]:
     """A failing run's counterexample: the message, the call whose answers differ (target and
     model), and the shrunk steps with the diverging call marked."""
     r = run.outcome
+    if isinstance(r.error, KnownDefectGone):
+        lines = ["", f"--- known defects: {run.name} ---", r.message]
+        for w in run.known.witnessed.values() if run.known is not None else ():
+            if w.other is not None:
+                lines += ["the witness's divergence:", str(w.other)]
+        return lines + [""]
     lines = ["", f"--- counterexample: {run.name} ---", r.message]
     diff = _differing(r.history)
     if diff is not None:
