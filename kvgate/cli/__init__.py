@@ -6,6 +6,8 @@
                  [--history FILE]
     kvgate mutants [--only NAME ...] [--machine M] [--jobs N] ...
     kvgate list
+    kvgate fuzz [--minutes M] [-n N] [--database DB] [PYTEST_ARGS ...]
+                                   (a HypoFuzz campaign over a suite's kvgate items)
     kvgate replay TRACE ...        (a request trace through the scheduler driver)
 
 Without ``--machine``, ``check`` runs every machine that applies to each target and can run
@@ -28,7 +30,7 @@ machine and target.
 
 The package parses arguments and prints, nothing more: the gate itself (the machine registry,
 the plan, one run, its text and its report files) is ``kvgate.gate``, which the pytest plugin
-and repro files call too. ``check``, ``mutants`` and ``listing`` are the subcommands
+and repro files call too. ``check``, ``mutants``, ``listing`` and ``fuzz`` are the subcommands
 (``kvgate replay`` is ``kvgate.replay.command``); ``options`` holds the flags they share;
 ``display`` prints; ``errors`` turns argparse's errors into one line (exit 2).
 """
@@ -43,7 +45,7 @@ from kvgate.gate import build_machine, run_one
 from kvgate.outputs import OutputError
 from kvgate.properties.adapters import TargetError
 
-from . import check, listing, mutants
+from . import check, fuzz, listing, mutants
 from .errors import Parser, UsageError, one_line
 
 __all__ = ["build_machine", "main", "make_parser", "run_one"]
@@ -58,11 +60,12 @@ def make_parser() -> Parser:
         "against the reference model with Hypothesis state machines.",
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="{check,mutants,list,replay}", parser_class=Parser
+        dest="command", metavar="{check,mutants,list,fuzz,replay}", parser_class=Parser
     )
     check.add_parser(sub)
     mutants.add_parser(sub)
     listing.add_parser(sub)
+    fuzz.add_parser(sub)
     add_replay_parser(sub)
     return parser
 
