@@ -902,8 +902,22 @@ def test_constructor_rejects_out_of_range_arguments(kwargs, name):
 
 
 def test_constructor_accepts_the_edges():
-    OffloadingManager(0, store_threshold=0, max_tracker_size=1)
-    OffloadingManager(1, cache_policy="arc", store_threshold=2, max_tracker_size=1)
+    """The smallest value each argument allows builds a manager that works (spec §8)."""
+    empty = OffloadingManager(0, store_threshold=0, max_tracker_size=1)
+    assert (empty.num_chunks, empty.free_chunks, empty.tracker) == (0, 0, None)
+    # threshold 0 admits at the first offer; no chunk to hold it: None, nothing resident (spec A8)
+    assert offer(empty, "a", ReqContext("r")) is None
+    assert empty.lookup(K("a")) == LookupResult.MISS
+    gauges = empty.get_stats().as_dict()
+    assert gauges["vllm:kv_offload_cpu_cache_usage_perc"] == 0.0  # 0 when num_chunks is 0
+
+    one = OffloadingManager(1, cache_policy="arc", store_threshold=2, max_tracker_size=1)
+    assert (one.num_chunks, one.free_chunks) == (1, 1) and "p" in one.policy_state()
+    # a tracker of one key: b's count pushes a's out, and a second request admits b
+    assert offer(one, "a", ReqContext("r1")) == []
+    assert offer(one, "b", ReqContext("r1")) == []
+    assert tracker_items(one) == [("b", 1)]
+    assert offer(one, "b", ReqContext("r2")) == ["b"] and one.free_chunks == 0
 
 
 ALL = "abcdxz"

@@ -1,8 +1,12 @@
 """Request-scoped recency (spec R1-R7) in impl's manager, by example: each scenario holds on
 ``OffloadingManager(recency="request")`` and fails on the catalogued variant that breaks its rule
-(the machines find those variants too; these examples say what each rule means)."""
+(the machines find those variants too; these examples say what each rule means). A scenario's
+decisive assertion carries a message that starts with the rules its docstring starts with, so a
+variant is caught by that assertion, not by a setup step that went wrong first."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -36,7 +40,7 @@ def tail_goes_before_head(cls):
     m = build(cls, 2)
     r = ctx("r", A=1, B=2)
     stored(m, r, [A, B])
-    assert m.prepare_store([C], ctx("s")).evicted_keys == [B]
+    assert m.prepare_store([C], ctx("s")).evicted_keys == [B], "R4: the tail B goes first"
 
 
 def head_ends_most_recent(cls):
@@ -46,7 +50,7 @@ def head_ends_most_recent(cls):
     stored(m, r, [A, B])
     stored(m, ctx("s", C=1), [C])
     m.on_request_finished(r)
-    assert m.policy_state()["lru"] == [C, B, A]
+    assert m.policy_state()["lru"] == [C, B, A], "R3: the head A ends most recent"
 
 
 def commit_follows_positions(cls):
@@ -55,7 +59,7 @@ def commit_follows_positions(cls):
     r = ctx("r", A=2, B=1)
     stored(m, r, [A, B])
     m.on_request_finished(r)
-    assert m.policy_state()["lru"] == [A, B]
+    assert m.policy_state()["lru"] == [A, B], "R3: B, at the lower position, ends most recent"
 
 
 def stale_record_commits_nothing(cls):
@@ -67,7 +71,7 @@ def stale_record_commits_nothing(cls):
     stored(m, ctx("s", A=1), [A])  # another request stores A again
     stored(m, ctx("t", B=1), [B])
     m.on_request_finished(r)
-    assert m.policy_state()["lru"] == [A, B]
+    assert m.policy_state()["lru"] == [A, B], "R3: the stale record moved nothing"
 
 
 def first_sight_lifts_a_rank(cls):
@@ -80,7 +84,7 @@ def first_sight_lifts_a_rank(cls):
     new = ctx("new", A=1)
     m.prepare_load([A], new)
     m.complete_load([A], new)
-    assert m.policy_state()["lru"] == [B, A]
+    assert m.policy_state()["lru"] == [B, A], "R2, R4: A lifted above B"
 
 
 def first_sight_never_lowers(cls):
@@ -94,7 +98,7 @@ def first_sight_never_lowers(cls):
     m.on_request_finished(young)  # A, B get fresh ranks, newer than old's
     m.prepare_load([A], old)  # old sees A: its rank is older, A keeps its own
     m.complete_load([A], old)
-    assert m.policy_state()["lru"][-2:] == [B, A]
+    assert m.policy_state()["lru"][-2:] == [B, A], "R4: A kept its own rank"
 
 
 def store_is_not_reuse(cls):
@@ -103,7 +107,7 @@ def store_is_not_reuse(cls):
     r = ctx("r")
     stored(m, r, [A])
     m.on_request_finished(r)
-    assert m.policy_state()["t2"] == []
+    assert m.policy_state()["t2"] == [], "R5: A, only stored, stays out of T2"
 
 
 def own_reread_is_not_reuse(cls):
@@ -114,7 +118,7 @@ def own_reread_is_not_reuse(cls):
     m.prepare_load([A], r)
     m.complete_load([A], r)
     m.on_request_finished(r)
-    assert m.policy_state()["t2"] == []
+    assert m.policy_state()["t2"] == [], "R1: A, reread by its writer, stays out of T2"
 
 
 def pending_is_not_reuse(cls):
@@ -125,7 +129,7 @@ def pending_is_not_reuse(cls):
     m.prepare_store([A], r)  # pending: neither a candidate nor a reuse
     m.complete_store([A], r)
     m.on_request_finished(r)
-    assert m.policy_state()["t2"] == []
+    assert m.policy_state()["t2"] == [], "R1: A, pending when offered, stays out of T2"
 
 
 def reuse_promotes_at_finish(cls):
@@ -137,7 +141,7 @@ def reuse_promotes_at_finish(cls):
     m.complete_load([A], r)
     assert m.policy_state()["t2"] == []
     m.on_request_finished(r)
-    assert m.policy_state()["t2"] == [A]
+    assert m.policy_state()["t2"] == [A], "R5: A, loaded by another request, moved to T2"
 
 
 def ghost_hit_moves_the_ghost(cls):
@@ -149,7 +153,7 @@ def ghost_hit_moves_the_ghost(cls):
     assert m.policy_state()["b1"] == [A, B]
     m.prepare_load([C, D], ctx("y"))  # nothing evictable now
     assert m.prepare_store([A], ctx("z")) is None
-    assert m.policy_state()["b1"] == [B, A]
+    assert m.policy_state()["b1"] == [B, A], "R6: the ghost A moved to B1's recent end"
 
 
 def floor_of_p(cls):
@@ -159,7 +163,8 @@ def floor_of_p(cls):
     policy = m._policy
     policy.t2[B] = policy.t1.pop(B)  # A in T1, B in T2
     policy.p = 1.5
-    assert m.prepare_store([C, D], ctx("x")).evicted_keys == [A]  # 1 >= floor(1.5)
+    evicted = m.prepare_store([C, D], ctx("x")).evicted_keys
+    assert evicted == [A], "R6: |T1| = 1 >= floor(p) = 1: T1's A goes"
 
 
 SCENARIOS = {
@@ -187,5 +192,6 @@ def test_rule_holds_on_impl(name):
 def test_rule_fails_on_its_variant(name):
     scenario, variant = SCENARIOS[name]
     cls = variant if isinstance(variant, type) else mutants.MUTANTS[variant].cls
-    with pytest.raises(AssertionError):
+    rule = scenario.__doc__.split(":")[0]  # "R4", "R2, R4": the decisive assertion says it first
+    with pytest.raises(AssertionError, match=rf"^{re.escape(rule)}: "):
         scenario(cls)

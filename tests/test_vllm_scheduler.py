@@ -79,7 +79,9 @@ FAULTS = {
     # the bytes worker (properties/engines/vllm/bytes_worker.py)
     "ignore_flush": "was reused before the copy ran",
     "load_wrong_chunk": "but its block",
-    "load_one_group": " of group 1 (tokens ",
+    # a later group's blocks left unwritten: its attention tokens or, on the hybrid layout, the
+    # recurrent state it continues from, whichever the drawn layout reads first
+    "load_one_group": (" of group 1 (tokens ", "continues its recurrent state from "),
     "skip_block_copies": " computes with GPU block ",
     # the connector's scheduler side, exactly (properties/engines/vllm/exact.py)
     "phantom_hit": "phantom hit: the connector reported",
@@ -207,7 +209,8 @@ def test_each_request_level_check_catches_its_fault_on_0_34_0_mended():
     faults = sorted(FAULTS)
     got = in_release("0.34.0", *((PATCHED, "ci", fault, True, None) for fault in faults))["runs"]
     for fault, caught in zip(faults, got):
-        assert not caught["passed"] and FAULTS[fault] in caught["why"], (fault, caught)
+        wanted = FAULTS[fault] if isinstance(FAULTS[fault], tuple) else (FAULTS[fault],)
+        assert not caught["passed"] and any(w in caught["why"] for w in wanted), (fault, caught)
 
 
 @pytest.mark.vllm
