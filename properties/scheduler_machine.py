@@ -5,14 +5,15 @@ How it works and why: docs/internals.md, section properties/scheduler_machine.py
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from hypothesis import note
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvgate.impl.scheduler import Request, RequestState, Scheduler
+from kvgate.impl.scheduler import Request, RequestState, Scheduler, block_hashes_of, chunk_keys
 
 from .adapters import Config, Target, model_for
 from .audit import Audit
@@ -56,6 +57,13 @@ LABELS: dict[str, Predicate] = {
 }
 
 
+def _named(names: Callable[[Any], Sequence[str]]) -> st.SearchStrategy[str]:
+    """One of the names the machine offers at this step (``names(machine)``), drawn as a name,
+    so that a printed counterexample says which policy, request or recency it means instead of
+    an index a reader must look up."""
+    return st.runner().flatmap(lambda machine: st.sampled_from(list(names(machine))))
+
+
 class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
     TARGET: Target  # set by make_machine
     worker_cls: Callable[..., NullWorker] = NullWorker  # NullWorker's interface, data tags on
@@ -81,32 +89,37 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         self.sched: Scheduler | None = None
         self.used_names: set[str] = set()
         self.history: list[dict] = []
+        self.key_names: dict[bytes, str] = {}  # a chunk's key -> its tokens ('t12': [1, 2])
+        self.blocks_per_chunk = 1
         install_rule_choice(self)
+
+    def _key_name(self, key) -> str:
+        """A key by the prompt tokens its chunk ends ('t12': tokens 1, 2), as the steps say
+        them; a key the machine never made keeps the oracle's short form."""
+        return self.key_names.get(key) or fmt_key(key)
+
+    def _name_keys(self, tokens) -> None:
+        hashes = block_hashes_of(tokens, BLOCK_SIZE)
+        tokens_per_chunk = self.blocks_per_chunk * BLOCK_SIZE
+        for i, key in enumerate(chunk_keys(hashes, self.blocks_per_chunk)):
+            end = (i + 1) * tokens_per_chunk
+            self.key_names.setdefault(key, "t" + "".join(map(str, tokens[:end])))
 
     # ------------------------------------------------------------------ set-up
     @initialize(
         num_chunks=st.integers(1, 3),
         threshold=st.sampled_from([2, 2, 3, 1, 0]),
         tracker=st.sampled_from([64_000, 2, 4]),
-        policy_index=st.integers(0, 1),
+        policy=_named(lambda m: m.policies),
         blocks_per_chunk=st.sampled_from([1, 2]),
         delay=st.sampled_from([None, 1, 2]),
         budget=st.sampled_from([None, 3]),
-        recency_index=st.integers(0, 1),
+        recency=_named(lambda m: m.recencies),
     )
     def setup(
-        self,
-        num_chunks,
-        threshold,
-        tracker,
-        policy_index,
-        blocks_per_chunk,
-        delay,
-        budget,
-        recency_index,
+        self, num_chunks, threshold, tracker, policy, blocks_per_chunk, delay, budget, recency
     ):
-        policy = self.policies[policy_index % len(self.policies)]
-        recency = self.recencies[recency_index % len(self.recencies)]
+        self.blocks_per_chunk = blocks_per_chunk
         config = Config(
             num_chunks=num_chunks,
             store_threshold=threshold,
@@ -117,7 +130,9 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         target = self.TARGET.make(config)  # an adapter
         self.threshold = threshold
         self.model = model_for(config)
-        self.oracle = LockstepManager(target, self.model, foreign=self.foreign, log=self.history)
+        self.oracle = LockstepManager(
+            target, self.model, foreign=self.foreign, log=self.history, key_name=self._key_name
+        )
         self.worker = self.worker_cls(
             delay=delay, blocks_per_chunk=blocks_per_chunk, track_data=True
         )
@@ -143,11 +158,14 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         self.audit.set_step(step)
 
     # ------------------------------------------------------------------ helpers
-    def _pick(self, which: int, states) -> Request:
-        """The ``which``-th (cyclically) live request in one of ``states``, in arrival order."""
+    def _ids(self, *states) -> list[str]:
+        """The live requests in one of ``states``, in arrival order (what a rule may pick)."""
         assert self.sched is not None  # the rules that pick run after set-up made it
-        reqs = [r for r in self.sched.requests.values() if r.state in states]
-        return reqs[which % len(reqs)]
+        return [r.req_id for r in self.sched.requests.values() if r.state in states]
+
+    def _free_ids(self) -> list[str]:
+        assert self.sched is not None
+        return [n for n in NAMES if n not in self.sched.requests]
 
     def _has(self, *states) -> bool:
         return self.sched is not None and any(
@@ -170,14 +188,13 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         )
     )
     @rule(
-        name=st.sampled_from(NAMES),
+        name=_named(lambda m: m._free_ids()),
         tokens=st.lists(st.sampled_from(VOCAB), min_size=1, max_size=8),
         max_output=st.integers(1, 6),
     )
     def add_request(self, name, tokens, max_output):
-        """``name``, or the next free id after it when it is live."""
-        i = NAMES.index(name)
-        name = next(n for n in NAMES[i:] + NAMES[:i] if n not in self.sched.requests)
+        """A new request under an id no live request has (a finished one's may come back)."""
+        self._name_keys(tokens)
         reused = name in self.used_names
         self.used_names.add(name)
         self.audit.expect(
@@ -217,24 +234,26 @@ class SchedulerMachineBase(Recorded, RuleBasedStateMachine):
         self.record("fail_copy")
 
     @precondition(lambda self: self._has(RequestState.RUNNING, RequestState.LOADING))
-    @rule(which=st.integers(0, 3), hold=st.booleans())
-    def preempt(self, which, hold):
+    @rule(
+        req=_named(lambda m: m._ids(RequestState.RUNNING, RequestState.LOADING)), hold=st.booleans()
+    )
+    def preempt(self, req, hold):
         """``hold``: stays preempted until ``resume``; else resumable at the next step."""
-        req = self._pick(which, (RequestState.RUNNING, RequestState.LOADING))
+        req = self.sched.requests[req]
         before = self.sched.counters.as_dict()
         self.sched.preempt(req, hold=hold)
         self._after("preempt", {**before, "preemptions": before["preemptions"] + 1})
 
     @precondition(lambda self: self._has(RequestState.HELD))
-    @rule(which=st.integers(0, 3))
-    def resume(self, which):
-        self.sched.resume(self._pick(which, (RequestState.HELD,)))
+    @rule(req=_named(lambda m: m._ids(RequestState.HELD)))
+    def resume(self, req):
+        self.sched.resume(self.sched.requests[req])
         self.record("resume")
 
     @precondition(lambda self: self._has(*ACTIVE))
-    @rule(which=st.integers(0, 3))
-    def finish(self, which):
-        self.sched.finish(self._pick(which, ACTIVE))
+    @rule(req=_named(lambda m: m._ids(*ACTIVE)))
+    def finish(self, req):
+        self.sched.finish(self.sched.requests[req])
         self.record("finish")
 
     @precondition(lambda self: self.sched is not None)

@@ -245,10 +245,21 @@ def test_mutant_counterexample_shows_steps_and_the_answer_that_differed(failing)
 
 
 def test_module_attr_bad_manager_fails(capsys):
-    code, out, _ = check(
-        capsys, *MANAGER_ONLY, "--target", "kvgate.properties.catalogue.managers:EveryOfferCounts"
-    )
+    target = "kvgate.properties.catalogue.managers:EveryOfferCounts"
+    code, out, _ = check(capsys, *MANAGER_ONLY, "--target", target)
     assert code == 1, out
+    assert f"FAIL  manager x {target}: counterexample in " in out
+    # what is bad: one request's repeated offers admit a key that store_threshold >= 2 holds back
+    text = out.split(f"--- counterexample: manager x {target} ---\n")[1]
+    offer = r"prepare_store\((\[[^]]*\]), (requests_\d+)\)"
+    at = re.search(rf"Divergence: divergence at step \d+, call \d+: {offer}\n", text)
+    assert at, text
+    assert re.search(r"target answered: store \['\w+'[^]]*\]", text), text
+    assert "model answered:  store [] in chunks []" in text and "(admitted keys differ)" in text
+    before = text.split(" calls before it:\n")[1].split("  call:   ")[0]
+    earlier = re.findall(offer, before)
+    assert earlier and {req for _, req in earlier} == {at.group(2)}, text
+    assert int(re.search(r"store_threshold=(\d+)", text).group(1)) >= 2, text
 
 
 def test_vllm_interface_bad_manager_fails_and_its_repro_replays(capsys, tmp_path, monkeypatch):
@@ -561,7 +572,7 @@ def test_no_database_searches_afresh(capsys, tmp_path, monkeypatch):
     code, out, _ = check(capsys, *MANAGER_ONLY, "--target", FAILING, "--no-database")
     assert code == 1
     assert "; no example database;" in out.splitlines()[0]
-    assert "0 from the example database" in out and "note:" not in out
+    assert "from the example database" not in out and "note:" not in out
 
 
 def test_redis_database_shares_a_failure(capsys, monkeypatch):
@@ -759,7 +770,7 @@ def test_scheduler_history_lists_the_offers_of_the_counterexample(failing):
     assert calls and "prepare_store" in {c["call"] for c in calls}
     assert [c["call_no"] for c in calls] == sorted({c["call_no"] for c in calls})
     assert all(
-        c["step"] >= 1 and c["args"].startswith("(['k")
+        c["step"] >= 1 and c["args"].startswith("(['t")
         for c in calls
         if c["call"] == "prepare_store"
     )
