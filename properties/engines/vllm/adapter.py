@@ -810,6 +810,12 @@ def resolve_vllm(spec: str, types: VllmTypes | None = None, foreign: bool = Fals
     blind = calls_without_context(cls) if isinstance(cls, type) else None
     if blind and "prepare_store" in blind:
         raise TargetError(no_request_line(spec, cls, blind))
+    if isinstance(cls, type) and lookup_answers_length(cls):
+        raise TargetError(
+            f"target {spec!r}: {cls.__module__}.{cls.__qualname__}.lookup is declared to answer "
+            f"{_lookup_returns(cls)} (how many of the keys, from the first, are offloaded); "
+            "kvgate drives a lookup that answers each key, so nothing is checked"
+        )
     learned: dict[str, Any] = dict(
         lookup_bool=lookup_answers_bool(cls),
         metadata_events=metadata_events(types),
@@ -937,6 +943,26 @@ def metadata_events(types: VllmTypes) -> bool:
         event = None
     fields = getattr(event, "__dataclass_fields__", None)
     return fields is None or "metadata_only" in fields
+
+
+def _lookup_returns(cls: Any) -> str:
+    """The text of ``cls.lookup``'s declared answer type ("" where it declares none)."""
+    try:
+        annotation = inspect.signature(cls.lookup).return_annotation
+    except (AttributeError, TypeError, ValueError):
+        return ""
+    if annotation is inspect.Signature.empty:
+        return ""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return text or str(annotation)
+
+
+def lookup_answers_length(cls: Any) -> bool:
+    """Whether ``lookup`` is declared to answer a prefix length over many keys (``int | None``,
+    an upstream version between 0.19 and 0.20 that named the request first), not a per-key
+    answer: an interface kvgate does not drive."""
+    text = _lookup_returns(cls)
+    return "int" in text.replace("LookupResult", "") and "bool" not in text
 
 
 def lookup_answers_bool(cls: Any) -> bool:
