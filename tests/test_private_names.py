@@ -28,6 +28,7 @@ CHECK_MODULES = (
     "bytes_worker.py",
     "event_payload.py",
     "error_log.py",
+    "load_tiers.py",
     "lookup_metrics.py",
 )
 PROBE = """

@@ -25,7 +25,7 @@ from .bytes_worker import BytesWorker
 from .event_payload import Publisher
 from .exact import ALLOCATION_FAILURE
 from .front import Front
-from .load_tiers import ignore_tiers
+from .load_tiers import LOAD_TIERS
 from .lookup_metrics import ASYNC_DELAY
 
 CONNECTOR = "the connector's scheduler side"
@@ -167,8 +167,21 @@ def _idle_with_jobs(conn: Any, engine: Any) -> None:
 
 
 def _tiers_ignored(conn: Any, engine: Any) -> None:
+    """The connector builds each request's context as if the request named no load tiers."""
     _need("tiers_ignored", conn, "on_new_request")
-    ignore_tiers(conn)
+    new_request = conn.on_new_request
+
+    def on_new_request(request):
+        params = request.kv_transfer_params
+        if not params or LOAD_TIERS not in params:
+            return new_request(request)
+        request.kv_transfer_params = {k: v for k, v in params.items() if k != LOAD_TIERS}
+        try:
+            return new_request(request)
+        finally:
+            request.kv_transfer_params = params
+
+    conn.on_new_request = on_new_request
 
 
 def _shutdown_lost(conn: Any, engine: Any) -> None:

@@ -8,8 +8,7 @@ that are not a mapping or name a medium or locality the release does not know ar
 what a list with no well-formed entry means (every tier, or none) is the release's fallback,
 and is not judged here.
 
-Known-bad connector: ``tiers_ignored`` (the request's ``kv_load_tiers`` never read: every tier
-allowed).
+Its known-bad connector is planted by properties/engines/vllm/faults.py, with the others.
 """
 
 from __future__ import annotations
@@ -80,21 +79,3 @@ def told(ctx: Any, params: dict | None) -> str | None:
         f"the manager's context of {ctx.req_id} lets it load from {names(got) or 'no tier'}; "
         f"the request's {LOAD_TIERS} {asked!r} names {names(want)}"
     )
-
-
-def ignore_tiers(conn: Any) -> None:
-    """Plant ``tiers_ignored``: the connector builds the context as if the request named no
-    tiers."""
-    new_request = conn.on_new_request
-
-    def on_new_request(request):
-        params = request.kv_transfer_params
-        if params and LOAD_TIERS in params:
-            request.kv_transfer_params = {k: v for k, v in params.items() if k != LOAD_TIERS}
-            try:
-                return new_request(request)
-            finally:
-                request.kv_transfer_params = params
-        return new_request(request)
-
-    conn.on_new_request = on_new_request
