@@ -322,14 +322,18 @@ class _Configs:
         return self._chunk_bytes[(shape, blocks_per_chunk, layout)]
 
     @staticmethod
-    def _scheduler_classes() -> dict[bool, type]:
+    def _scheduler_classes() -> dict[bool, Any]:
+        """vLLM's scheduler classes, sync (False) and async (True: None where it has none)."""
         from vllm.v1.core.sched.scheduler import Scheduler
 
+        async_cls: Any = None
         try:
             from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+            async_cls = AsyncScheduler
         except ImportError:
-            AsyncScheduler = None
-        return {False: Scheduler, True: AsyncScheduler}
+            pass
+        return {False: Scheduler, True: async_cls}
 
     @staticmethod
     def _runner_output_fields() -> frozenset[str]:

@@ -172,7 +172,7 @@ class Layout:
                 if self.extra:
                     common["extra_retained_tokens"] = self.extra
                 spec = SlidingWindowSpec(sliding_window=window, **common)
-            drafter = {"is_eagle_group": True} if i == self.eagle else {}
+            drafter: dict[str, Any] = {"is_eagle_group": True} if i == self.eagle else {}
             groups.append(KVCacheGroupSpec([f"layer.{i}"], spec, **drafter))
         return KVCacheConfig(num_blocks=gpu_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
