@@ -387,9 +387,18 @@ def run_kvgate(version: str, mutant: Path | None, timeout: int = TIMEOUT) -> dic
         cover = ["-m", "coverage", "run", f"--data-file={data}", "--include=*/offloading/sched*"]
     where = stage()
     env["PYTHONPATH"] = str(where)
+    # a run with no verdict (the gate's exit 2) is written here and is not a kill
+    ledger = BUILD / "no-verdict" / (mutant.stem if mutant else "baseline")
+    shutil.rmtree(ledger, ignore_errors=True)
+    env["KVGATE_NO_VERDICT_LEDGER"] = str(ledger)
     out = _run([str(release_python(version)), *cover, *args, KVGATE_TESTS], where, env, timeout)
     if mutant is None:
         out["lines"] = _covered(version, data)
+    from bench.mutation import read_ledger
+
+    lines = [f"{r['test']}: {r['line']}" for rs in read_ledger(ledger).values() for r in rs]
+    if lines and out["exit"] == 0:
+        out.update(killed=False, no_verdict=lines, why=lines[0][:300])
     return out
 
 
@@ -575,7 +584,9 @@ def markdown(version: str) -> str:
         f"{by_k / max(1, len(done)):.0%} |",
         f"| both | {both} | | |",
         "",
-        f"Killed by kvgate only: {len(only_k)}; by vLLM's tests only: {len(only_v)}. "
+        f"Killed by kvgate only: {len(only_k)}; by vLLM's tests only: {len(only_v)}; "
+        f"kvgate's runs with no verdict (exit 2, not kills): "
+        f"{sum(bool(r['kvgate'].get('no_verdict')) for r in done)}. "
         f"Baselines (unmutated): vLLM's tests "
         f"{(data.get('vllm baseline') or {}).get('why', '?')!r}, "
         f"{(data.get('vllm baseline') or {}).get('seconds', '?')} s; kvgate "
@@ -593,6 +604,8 @@ def markdown(version: str) -> str:
             return "survived (statement never executed)"
         if run.get("timeout"):
             return "killed (hangs)"
+        if run.get("no_verdict"):
+            return "no verdict (exit 2): " + run["why"].replace("|", "/")
         return ("killed" if run["killed"] else "survived") + f", {run['seconds']} s"
 
     for r in rows:

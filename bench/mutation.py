@@ -115,6 +115,11 @@ SUITES = {
 
 # mutmut's exit-code verdicts that count as a kill (a timeout is a mutant that hangs a machine)
 KILLED = {"killed", "timeout", "segfault"}
+# A mutant no test killed but some machine's run left without a verdict (the gate's exit 2:
+# kvgate's own code raised, or the target could not be driven): not a kill, listed apart with
+# its line (tests/mutation/verdicts.py writes the ledger).
+NO_VERDICT = "no verdict (exit 2)"
+NO_VERDICT_LEDGER = "no-verdict"
 # A survivor's verdict: "equivalent" (no behaviour changes), "not reachable on CPU" (real
 # behaviour, but only on the CUDA path, which a CPU-only run cannot execute: counted apart, and
 # left out of the score's denominator as equivalents are), "killed later", or "open".
@@ -240,6 +245,9 @@ def run(suite: Suite, max_children: int) -> dict:
         env.update(suite.env)
         env.pop("VIRTUAL_ENV", None)
         env["PATH"] = f"{release_python(suite).parent}{os.pathsep}{env.get('PATH', '')}"
+    ledger = where / NO_VERDICT_LEDGER  # runs with no verdict (exit 2), listed apart
+    shutil.rmtree(ledger, ignore_errors=True)
+    env["KVGATE_NO_VERDICT_LEDGER"] = str(ledger)
     start = time.perf_counter()
     proc = subprocess.run(
         [str(mutmut), "run", "--max-children", str(max_children)],
@@ -296,7 +304,14 @@ def collect(
     suite: Suite, where: Path, seconds: float, max_children: int, mutmut: str, commit: str
 ) -> dict:
     statuses = _statuses(where, str(release_python(suite)) if suite.vllm else sys.executable)
-    survivors = {n: _diff(where, n, mutmut) for n, s in sorted(statuses.items()) if s not in KILLED}
+    no_verdict = set_apart(statuses, read_ledger(where / NO_VERDICT_LEDGER))
+    for name, row in no_verdict.items():
+        row["diff"] = _diff(where, name, mutmut)
+    survivors = {
+        n: _diff(where, n, mutmut)
+        for n, s in sorted(statuses.items())
+        if s not in KILLED and s != NO_VERDICT
+    }
     counts: dict[str, int] = {}
     for s in statuses.values():
         counts[s] = counts.get(s, 0) + 1
@@ -314,7 +329,30 @@ def collect(
         "counts": counts,
         "per_file": _per_file(statuses),
         "survivors": survivors,
+        "no_verdict": no_verdict,
     }
+
+
+def read_ledger(folder: Path) -> dict[str, list[dict]]:
+    """The runs with no verdict a ledger folder holds (tests/mutation/verdicts.py writes one JSON
+    line per run: mutant, test, line), by mutant."""
+    out: dict[str, list[dict]] = {}
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else ():
+        for text in path.read_text().splitlines():
+            row = json.loads(text)
+            out.setdefault(row["mutant"], []).append(row)
+    return out
+
+
+def set_apart(statuses: dict[str, str], ledger: dict[str, list[dict]]) -> dict[str, dict]:
+    """Mark ``NO_VERDICT`` in ``statuses`` each mutant the ledger names that no test killed (one
+    another machine killed is a kill all the same); their lines, by mutant."""
+    apart = {}
+    for name, runs in sorted(ledger.items()):
+        if statuses.get(name) not in KILLED:
+            statuses[name] = NO_VERDICT
+            apart[name] = {"lines": [f"{r['test']}: {r['line']}" for r in runs]}
+    return apart
 
 
 def _per_file(statuses: dict[str, str]) -> dict[str, dict[str, int]]:
@@ -387,6 +425,7 @@ def score(result: dict, rows: list[dict]) -> dict:
     value = killed / considered if considered else 1.0
     return {
         "killed": killed,
+        "no_verdict": len(result.get("no_verdict", {})),
         "equivalent": equivalent,
         "cpu_only": cpu_only,
         "non_equivalent": considered,
@@ -406,15 +445,16 @@ def load_results() -> dict[str, dict]:
 def table(results: dict[str, dict], verdicts: dict | None = None) -> str:
     verdicts = load_verdicts() if verdicts is None else verdicts
     lines = [
-        "| suite | files | mutants | killed | equivalent | CUDA only | open | score | goal "
-        "| seconds | workers | commit |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| suite | files | mutants | killed | no verdict (exit 2) | equivalent | CUDA only | open "
+        "| score | goal | seconds | workers | commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name, result in results.items():
         s = score(result, classify(result, verdicts))
         files = ", ".join(f.replace("kvgate/", "") for f in result["files"])
         lines.append(
             f"| {name} | {files} | {result['mutants']} | {s['killed']} | "
+            f"{s['no_verdict'] if 'no_verdict' in result else 'not recorded'} | "
             f"{s['equivalent']} | {s['cpu_only']} | {s['open']} | "
             f"{100 * s['score']:.1f}% | "
             f"{100 * result['goal']:.0f}% | {result['seconds']:.0f} | "
@@ -476,21 +516,37 @@ def markdown(results: dict[str, dict]) -> str:
         for module, row in sorted(result["per_file"].items()):
             out.append(f"| {module} | {row['mutants']} | {row['killed']} |")
         out.append("")
+        out += _no_verdict_rows(result)
         if not rows:
             out += ["No survivors.", ""]
             continue
         out.append("| mutant | change | verdict | why |")
         out.append("|---|---|---|---|")
         for r in sorted(rows, key=lambda r: (VERDICT_ORDER[r["verdict"]], r["name"])):
-            change = (
-                "<br>".join(f"`{ln.strip()}`".replace("|", "\\|") for ln in r["diff"].splitlines())
-                or "-"
-            )
             out.append(
-                f"| `{r['name']}` | {change} | {r['verdict']} | {r['why'].replace('|', '/')} |"
+                f"| `{r['name']}` | {_change_cell(r['diff'])} | {r['verdict']} | "
+                f"{r['why'].replace('|', '/')} |"
             )
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _change_cell(diff: str) -> str:
+    return "<br>".join(f"`{ln.strip()}`".replace("|", "\\|") for ln in diff.splitlines()) or "-"
+
+
+def _no_verdict_rows(result: dict) -> list[str]:
+    """The runs with no verdict (exit 2), apart from kills and survivors, each with its line."""
+    if "no_verdict" not in result:
+        return ["Runs with no verdict (exit 2): not recorded (an older version of the bench).", ""]
+    if not result["no_verdict"]:
+        return ["Runs with no verdict (exit 2): none.", ""]
+    out = ["Runs with no verdict (exit 2), not counted as kills:", ""]
+    out += ["| mutant | change | the line |", "|---|---|---|"]
+    for name, row in sorted(result["no_verdict"].items()):
+        lines = "<br>".join(x.replace("|", "/") for x in row["lines"])
+        out.append(f"| `{name}` | {_change_cell(row['diff'])} | {lines} |")
+    return [*out, ""]
 
 
 def write_report(results: dict[str, dict]) -> None:

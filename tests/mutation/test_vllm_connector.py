@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 
 from tests.mutation import vllm_yardstick
+from tests.mutation.verdicts import judge
 
 MUTANT = vllm_yardstick.install_mutant()
 
@@ -38,4 +39,4 @@ def test_the_machine_sees_the_mutant():
 def test_vllm_scheduler_machine_with_the_connector():
     machine = vllm_scheduler_machine.make_machine(resolve_target(SPEC))
     result = run_machine(machine, PROFILE, phases=FIRST_FAILURE)
-    assert result.passed, result.message + "\n" + "\n".join(result.program)
+    judge(result, "vllm-scheduler")

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.mutation import staged_vllm
+from tests.mutation.verdicts import judge
 
 STAGED = staged_vllm.staged_root(Path.cwd())
 if STAGED is not None:
@@ -97,23 +98,26 @@ def policies_registered_as_imported():
     registry.update(saved)
 
 
-def _passes(result):
-    assert result.passed, result.message + "\n" + "\n".join(result.program)
-
-
 @pytest.mark.parametrize("policy", ["lru", "arc"])
 def test_manager_machine(policy):
     machine = make_machine(TARGET, policies=(policy,))
-    _passes(run_machine(machine, PROFILE, max_examples=MANAGER_EXAMPLES, phases=FIRST_FAILURE))
+    judge(
+        run_machine(machine, PROFILE, max_examples=MANAGER_EXAMPLES, phases=FIRST_FAILURE),
+        f"manager ({policy})",
+    )
 
 
 def test_scheduler_machine():
     machine = scheduler_machine.make_machine(TARGET)
-    _passes(run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=FIRST_FAILURE))
+    judge(
+        run_machine(machine, PROFILE, max_examples=SCHEDULER_EXAMPLES, phases=FIRST_FAILURE),
+        "scheduler",
+    )
 
 
 def test_vllm_scheduler_machine():
     machine = vllm_scheduler_machine.make_machine(TARGET)
-    _passes(
-        run_machine(machine, PROFILE, max_examples=VLLM_SCHEDULER_EXAMPLES, phases=FIRST_FAILURE)
+    judge(
+        run_machine(machine, PROFILE, max_examples=VLLM_SCHEDULER_EXAMPLES, phases=FIRST_FAILURE),
+        "vllm-scheduler",
     )
