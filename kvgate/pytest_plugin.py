@@ -358,11 +358,33 @@ class GateItem(pytest.Function):
 
     def repr_failure(self, excinfo):
         if excinfo.errisinstance((GateFailure, GateError)):
-            return str(excinfo.value)
+            return _report(self, str(excinfo.value))
         return super().repr_failure(excinfo)
 
     def reportinfo(self):
         return self.path, 0, self.name
+
+
+def _report(item: GateItem, text: str):
+    """The report as pytest shows a failure: the whole text in the failures section, its first
+    line alone in the short summary (``-rA``, where a plain string would print it all twice) and
+    as the JUnit ``message``; built from pytest's own report classes, so that pytest-xdist sends
+    it from a worker as it sends a traceback. Where those classes differ, the plain text."""
+    try:
+        from _pytest._code.code import (
+            ReprEntryNative,
+            ReprExceptionInfo,
+            ReprFileLocation,
+            ReprTraceback,
+        )
+
+        lines = [line + "\n" for line in text.splitlines()]
+        return ReprExceptionInfo(
+            reprtraceback=ReprTraceback([ReprEntryNative(lines)], None, "native"),
+            reprcrash=ReprFileLocation(str(item.path), 0, text.splitlines()[0] if lines else ""),
+        )
+    except (ImportError, TypeError):
+        return text
 
 
 _RESOLVED: dict[str, Any] = {}
@@ -466,11 +488,45 @@ def pytest_collection_modifyitems(session, config, items):
         items.extend(_items(session, "kvgate", g))
 
 
+# options that apply only to the --kvgate-target gates, and options for every gate item
+_TARGET_GATE_OPTIONS = ("kvgate_machine", "kvgate_known_defect")
+_ITEM_OPTIONS = ("kvgate_profile", "kvgate_max_examples", "kvgate_database")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def unused_options(config: pytest.Config, items: Iterable[Any]) -> list[str]:
+    """One line for each kvgate option given that has nothing to act on: the ``--kvgate-target``
+    options without a target, and the item options where no kvgate item was collected."""
+    given = [n for n in (*_TARGET_GATE_OPTIONS, *_ITEM_OPTIONS) if config.getoption(n, None)]
+    lines = []
+    if _command_line_gate(config) is None:
+        lines += [
+            f"{_flag(n)} applies to the --kvgate-target gates, and none is given "
+            "(gate() in a test file takes machines= and known_defects=): it had no effect"
+            for n in given
+            if n in _TARGET_GATE_OPTIONS
+        ]
+    if not any(isinstance(item, GateItem) for item in items):
+        lines += [
+            f"{_flag(n)} given, but no kvgate item was collected (no gate() in the collected "
+            "files, no --kvgate-target): it had no effect"
+            for n in given
+            if n in _ITEM_OPTIONS
+        ]
+    return lines
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session):
-    """For HypoFuzz, which fuzzes an item whose function names a state machine class: each
-    selected kvgate item's machine, built for its target with its known defects, and keyed in the
-    example database as the runner keys it (so a campaign's finds are what a run replays)."""
+    """Say which kvgate options had nothing to act on; then, for HypoFuzz, which fuzzes an item
+    whose function names a state machine class: each selected kvgate item's machine, built for
+    its target with its known defects, and keyed in the example database as the runner keys it
+    (so a campaign's finds are what a run replays)."""
+    for line in unused_options(session.config, session.items):
+        session.config.issue_config_time_warning(pytest.PytestConfigWarning(f"kvgate: {line}"), 2)
     if not _fuzzing(session.config):
         return
     from kvgate.properties.search.hypothesis_private import let_hypofuzz_save_shrunk_failures
@@ -547,6 +603,7 @@ def run_case(c: Case) -> None:
     if run.status == "FAIL":
         lines += failure_lines(run)
     lines.append(f"repro: {c.repro()}")
+    c.properties.append(("kvgate-repro", c.repro()))  # the line that repeats it, in JUnit
     text = "\n".join(lines)
     if run.status == "FAIL":
         raise GateFailure(text)

@@ -134,6 +134,14 @@ def test_a_gate_file_is_pytest_items_under_plain_pytest_k_and_xdist(tmp_path):
     junit = (tmp_path / "junit.xml").read_text()  # each item's run line, known defects listed
     assert 'name="test_known[mutant:skip_metric_every_offer/manager]"' in junit, junit
     assert f'value="known defect {SKIPS} (' in junit and "): still present" in junit, junit
+    # the failure's repro line is a property of its test case; its message the first line only
+    repro = "kvgate check --target mutant:every_offer_counts --machine manager --profile ci"
+    assert f'name="kvgate-repro" value="{repro}' in junit, junit
+    assert 'message="FAIL  manager x mutant:every_offer_counts: counterexample in ' in junit
+    # one report per failure: in full above, its first line alone in -rA's summary (CI is set)
+    summary = out.split("short test summary info")[1]
+    assert "--- counterexample" not in summary and "shrunk steps:" not in summary, summary
+    assert out.count("--- counterexample: manager x mutant:every_offer_counts ---") == 1, out
 
 
 def test_the_command_line_gates_a_target_without_a_test_file(tmp_path):
@@ -154,6 +162,14 @@ def test_the_command_line_gates_a_target_without_a_test_file(tmp_path):
     code, out = pytest_run(tmp_path, "--kvgate-target", "impl", "--kvgate-known-defect", "lookup")
     assert code == 4, out  # pytest's usage error
     assert "--kvgate-known-defect: known defect 'lookup' cannot be declared" in out, out
+    # options with nothing to act on say so (a warning: the suite's own tests still run)
+    (tmp_path / "test_plain.py").write_text("def test_one():\n    pass\n")
+    code, out = pytest_run(
+        tmp_path, "test_plain.py", "--kvgate-machine", "manager", "--kvgate-profile", "ci"
+    )
+    assert code == 0 and "1 passed" in out, out
+    assert "kvgate: --kvgate-machine applies to the --kvgate-target gates, and none" in out, out
+    assert "kvgate: --kvgate-profile given, but no kvgate item was collected" in out, out
 
 
 def test_a_suite_of_its_own_keeps_its_profiles_and_is_left_alone(tmp_path):
