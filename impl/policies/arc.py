@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 
-from .base import CachePolicy, Evictable, RequestRank, Resident
+from .base import CachePolicy, Evictable, Resident
 
 
 class ARCPolicy(CachePolicy):
@@ -25,13 +25,7 @@ class ARCPolicy(CachePolicy):
         entry = self.t1.get(key)
         return entry if entry is not None else self.t2.get(key)
 
-    def insert(
-        self,
-        key: bytes,
-        entry: Resident,
-        req: RequestRank | None = None,
-        position: int | None = None,
-    ) -> None:
+    def _add(self, key: bytes, entry: Resident) -> None:
         self.b1.pop(key, None)
         self.b2.pop(key, None)
         self.t1[key] = entry

@@ -51,7 +51,6 @@ class CachePolicy(ABC):
     def get(self, key: bytes) -> Resident | None:
         """The entry of a resident key, or ``None``."""
 
-    @abstractmethod
     def insert(
         self,
         key: bytes,
@@ -61,6 +60,19 @@ class CachePolicy(ABC):
     ) -> None:
         """A newly stored (pending) key; ``req`` and ``position``: the storing request and the
         key's position in it (request-scoped recency only)."""
+        if req is None or position is None:
+            self._add(key, entry)
+        else:
+            self._add_at(key, entry, req, position)
+
+    @abstractmethod
+    def _add(self, key: bytes, entry: Resident) -> None:
+        """Place a newly stored key as any store places it."""
+
+    def _add_at(self, key: bytes, entry: Resident, req: RequestRank, position: int) -> None:
+        """Place a newly stored key at ``position`` in ``req``; a policy that orders keys
+        without positions places it as any store."""
+        self._add(key, entry)
 
     @abstractmethod
     def remove(self, key: bytes) -> Resident:

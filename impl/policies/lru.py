@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import islice
 
-from .base import CachePolicy, Evictable, RequestRank, Resident
+from .base import CachePolicy, Evictable, Resident
 
 
 class LRUPolicy(CachePolicy):
@@ -17,13 +17,7 @@ class LRUPolicy(CachePolicy):
     def get(self, key: bytes) -> Resident | None:
         return self.order.get(key)
 
-    def insert(
-        self,
-        key: bytes,
-        entry: Resident,
-        req: RequestRank | None = None,
-        position: int | None = None,
-    ) -> None:
+    def _add(self, key: bytes, entry: Resident) -> None:
         self.order[key] = entry
 
     def remove(self, key: bytes) -> Resident:

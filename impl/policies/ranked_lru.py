@@ -51,18 +51,13 @@ class RankedLRUPolicy(CachePolicy):
     def get(self, key: bytes) -> Resident | None:
         return self.entries.get(key)
 
-    def insert(
-        self,
-        key: bytes,
-        entry: Resident,
-        req: RequestRank | None = None,
-        position: int | None = None,
-    ) -> None:
+    def _add(self, key: bytes, entry: Resident) -> None:
         self.entries[key] = entry
-        if req is None or position is None:
-            self._fresh(key)
-        else:
-            self._set(key, (self._request_rank(req), -position))
+        self._fresh(key)
+
+    def _add_at(self, key: bytes, entry: Resident, req: RequestRank, position: int) -> None:
+        self.entries[key] = entry
+        self._set(key, (self._request_rank(req), -position))
 
     def remove(self, key: bytes) -> Resident:
         del self.ranks[key]
