@@ -209,7 +209,8 @@ def _pyproject(suite: Suite) -> str:
             f"only_mutate = {_toml_list(suite.mutate)}",
             f"pytest_add_cli_args_test_selection = {_toml_list(suite.tests)}",
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:randomly"]',
-            'also_copy = ["conftest.py"]',
+            # the mended targets (releases/vllm_mends.py) are imported by the vLLM suites' tests
+            f"also_copy = {_toml_list(['conftest.py', *(['releases'] if suite.vllm else [])])}",
             f'process_isolation = "{suite.isolation}"',
             "use_git_change_detection = false",
             "",
