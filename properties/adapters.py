@@ -32,7 +32,15 @@ from typing import Any, NamedTuple
 
 import hypothesis
 
-from kvgate.impl.base import LookupResult, ReqContext
+from kvgate.impl.base import (
+    ALLOCATION_SIZE,
+    CACHE_USAGE,
+    READ_USAGE,
+    STORES_SKIPPED,
+    WRITE_USAGE,
+    LookupResult,
+    ReqContext,
+)
 
 from . import answers
 from .answers import BadAnswer as BadAnswer  # defined beside the checks that raise it
@@ -301,7 +309,17 @@ class NativeAdapter(Adapter):
         if stats is None:
             return None
         raw = stats.as_dict() if hasattr(stats, "as_dict") else stats
-        return answers.metrics("get_stats", raw, W["stats"])
+        metrics = answers.metrics("get_stats", raw, W["stats"])
+        for name in (STORES_SKIPPED, CACHE_USAGE, WRITE_USAGE, READ_USAGE):  # numbers, as read
+            answers.metric_value("get_stats", name, metrics.get(name), W["stats"])
+        if ALLOCATION_SIZE in metrics:  # the samples: chunk counts
+            answers.chunk_ids(
+                "get_stats",
+                metrics[ALLOCATION_SIZE],
+                W["stats"],
+                f"stats whose {ALLOCATION_SIZE} is",
+            )
+        return metrics
 
     # --- inspection
     def tracker_items(self) -> list[tuple[bytes, int]] | None:

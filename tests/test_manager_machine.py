@@ -12,9 +12,10 @@ import re
 
 import pytest
 
+from kvgate.impl.base import ALLOCATION_SIZE, CACHE_USAGE, STORES_SKIPPED, ReqContext
 from kvgate.impl.manager import OffloadingManager
 from kvgate.properties import manager_machine
-from kvgate.properties.adapters import POLICIES, RECENCIES, Target
+from kvgate.properties.adapters import POLICIES, RECENCIES, BadAnswer, NativeAdapter, Target
 from kvgate.properties.catalogue.managers import MUTANTS
 from kvgate.properties.manager_machine import make_machine
 from kvgate.properties.profiles import FIRST_FAILURE
@@ -95,12 +96,36 @@ def requests_print_as_their_bundle_names(machine, result):
         assert any(name in line for line in result.program), (name, result.program)
 
 
+def the_call_answered_what_the_interface_does_not_allow(machine, result):
+    """An ill-formed answer is the target's divergence at the call that gave it (issue 48),
+    never an error inside kvgate."""
+    call = result.error.call.partition("(")[0]
+    assert call and f"{call} answered " in result.message, result.message
+    assert "(an answer the interface does not allow)" in result.message, result.message
+
+
+# The variants whose answer breaks the interface on some step, one per call that answers.
+ILL_FORMED = (
+    "new_request_answers_nothing",
+    "lookup_hit_as_bool",
+    "load_answers_nothing",
+    "store_spec_none_unless_run",
+    "evicted_key_bare",
+    "nothing_new_keys_none",
+    "removal_event_bare_key",
+    "samples_as_text",
+    "config_lost_at_reset",
+    "pending_work_as_count",
+    "load_source_none_while_loading",
+)
+
 # What is checked of a catch besides the catch itself, on the variants that show it (one run
 # each: a variant's counterexample is searched for and shrunk once).
 ALSO = {
     "every_offer_counts": (replays_outside_hypothesis,),
     "records_by_identity": (replays_outside_hypothesis,),
     "records_by_req_id": (requests_print_as_their_bundle_names,),
+    **{name: (the_call_answered_what_the_interface_does_not_allow,) for name in ILL_FORMED},
 }
 
 
@@ -173,3 +198,42 @@ def test_a_target_told_the_recency_refuses_a_bad_one_and_keeps_a_good_one(cls, s
     result = run_machine(make_machine(target), PROFILE, max_examples=5)
     assert not result.passed
     assert said in result.message, result.message
+
+
+def test_every_ill_formed_variant_is_catalogued():
+    assert set(ILL_FORMED) <= set(MUTANTS)
+
+
+class _StatsAnswer(OffloadingManager):
+    """``get_stats()`` answers ``stats`` whatever happened."""
+
+    stats: object = None
+
+    def get_stats(self):
+        return self.stats
+
+
+@pytest.mark.parametrize(
+    "stats,shown",
+    [
+        ({CACHE_USAGE: "0.5"}, f"{CACHE_USAGE} is '0.5'"),  # float() would read it
+        ({STORES_SKIPPED: True}, f"{STORES_SKIPPED} is True"),
+        ({ALLOCATION_SIZE: [1, None]}, f"{ALLOCATION_SIZE} is [1, None]"),  # float(None) raised
+        ({ALLOCATION_SIZE: 2}, f"{ALLOCATION_SIZE} is 2"),
+    ],
+)
+def test_a_native_metric_that_is_no_number_is_an_ill_formed_answer(stats, shown):
+    """Every metric the oracle reads is checked before it reads it (issue 48): a sample that is
+    no number once made kvgate's own comparison raise (no verdict), a number as text passed."""
+    manager = _StatsAnswer(2)
+    manager.stats = stats
+    with pytest.raises(BadAnswer) as caught:
+        NativeAdapter(manager).get_stats()
+    assert str(caught.value).startswith(f"get_stats answered stats whose {shown}; "), caught.value
+
+
+def test_native_stats_as_impl_answers_them_pass_the_check():
+    manager = OffloadingManager(2, store_threshold=2)
+    manager.prepare_store([b"A\0\0\0\0"], ReqContext("r"))
+    got = NativeAdapter(manager).get_stats()
+    assert got is not None and got[ALLOCATION_SIZE] == [] and got[STORES_SKIPPED] == 1

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from kvgate.impl.base import HOST
+from kvgate.impl.base import HOST, LookupResult
 from kvgate.impl.manager import PENDING, OffloadingManager, RequestRecord
 from kvgate.impl.policies import ARCPolicy, CachePolicy, RankedLRUPolicy, RequestARCPolicy
 from kvgate.impl.pool import ChunkPool
@@ -822,3 +822,136 @@ MUTANTS: dict[str, Mutant] = {
     "load_source_device": Mutant(LoadSourceDevice),
     "pending_work_while_storing": Mutant(PendingWorkWhileStoring),
 }
+
+
+# --- ill-formed answers (issue 48, spec §10.1): on some reachable step each answers a call with
+# what the interface does not allow; the adapter's check makes that the target's divergence,
+# never an error inside kvgate ---
+
+
+def _ill_formed(call: str, spoil, name: str, doc: str) -> type:
+    """A manager whose ``call`` answers ``spoil(manager, answer, *args)``: impl's answer, or,
+    on the steps where the bug shows, one the interface does not allow."""
+
+    def method(self, *args, **kwargs):
+        return spoil(self, getattr(OffloadingManager, call)(self, *args, **kwargs), *args)
+
+    method.__name__ = method.__qualname__ = call
+    return type(name, (OffloadingManager,), {call: method, "__doc__": doc})
+
+
+def _runs(ids) -> bool:
+    return all(b == a + 1 for a, b in zip(ids, ids[1:]))
+
+
+LookupHitAsBool = _ill_formed(
+    "lookup",
+    lambda m, answer, *_: True if answer is LookupResult.HIT else answer,
+    "LookupHitAsBool",
+    """``lookup`` answers ``True`` for a ready chunk (an older release's bool) where the
+interface requires a ``LookupResult``; a miss and a pending chunk are answered right.""",
+)
+
+LoadAnswersNothing = _ill_formed(
+    "prepare_load",
+    lambda m, answer, *_: None,
+    "LoadAnswersNothing",
+    """``prepare_load`` pins the keys but returns nothing instead of their chunk ids (the
+mutant of vLLM 0.34.0 whose return was dropped, issue 48).""",
+)
+
+StoreSpecNoneUnlessRun = _ill_formed(
+    "prepare_store",
+    lambda m, out, *_: (
+        out if out is None or _runs(out.store_spec) else out._replace(store_spec=None)
+    ),
+    "StoreSpecNoneUnlessRun",
+    """``prepare_store``'s spec helper builds a spec for a run of consecutive chunk ids only and
+answers ``store_spec=None`` for any other allocation (freed chunks reused out of order).""",
+)
+
+EvictedKeyBare = _ill_formed(
+    "prepare_store",
+    lambda m, out, *_: (
+        out._replace(evicted_keys=out.evicted_keys[0])
+        if out is not None and len(out.evicted_keys) == 1
+        else out
+    ),
+    "EvictedKeyBare",
+    """``prepare_store`` answers a single victim as the key itself (``evicted_keys=b'...'``),
+not a list of one key.""",
+)
+
+NothingNewKeysNone = _ill_formed(
+    "prepare_store",
+    lambda m, out, keys, *_: (
+        out._replace(keys_to_store=None)
+        if out is not None
+        and not out.keys_to_store
+        and keys
+        and all(m.chunk_of(k) is not None for k in keys)
+        else out
+    ),
+    "NothingNewKeysNone",
+    """An offer whose keys are all resident already is answered with ``keys_to_store=None``
+instead of an empty list.""",
+)
+
+RemovalEventBareKey = _ill_formed(
+    "take_events",
+    lambda m, events, *_: [
+        e._replace(keys=e.keys[0]) if e.removed and len(e.keys) == 1 else e for e in events
+    ],
+    "RemovalEventBareKey",
+    """``take_events`` gives a removal of one key with the key itself as the event's ``keys``,
+not a sequence of keys.""",
+)
+
+SamplesAsText = _ill_formed(
+    "get_stats",
+    lambda m, stats, *_: replace(
+        stats, allocation_sizes=[n if n == 1 else f"{n} chunks" for n in stats.allocation_sizes]
+    ),
+    "SamplesAsText",
+    """``get_stats()`` reports an allocation of several chunks as text (``'2 chunks'``) in the
+allocation-size samples, where each sample must be a number of chunks.""",
+)
+
+ConfigLostAtReset = _ill_formed(
+    "config_info",
+    lambda m, info, *_: None if m.generation else info,
+    "ConfigLostAtReset",
+    """``config_info()`` returns nothing after a ``reset_cache()``, as if the reset dropped the
+configuration it describes.""",
+)
+
+PendingWorkAsCount = _ill_formed(
+    "has_pending_work",
+    lambda m, answer, *_: m._num_pending or answer,
+    "PendingWorkAsCount",
+    """``has_pending_work()`` answers the number of stores in flight (an int) while there are
+any, where the interface requires a bool.""",
+)
+
+LoadSourceNoneWhileLoading = _ill_formed(
+    "get_load_source",
+    lambda m, source, key, *_: None if (m.ref_count(key) or 0) > 0 else source,
+    "LoadSourceNoneWhileLoading",
+    """``get_load_source`` answers ``None`` for a hit whose chunk a load is reading already,
+where the interface requires the tier's name.""",
+)
+
+MUTANTS.update(
+    {
+        "lookup_hit_as_bool": Mutant(LookupHitAsBool),
+        "load_answers_nothing": Mutant(LoadAnswersNothing),
+        "store_spec_none_unless_run": Mutant(StoreSpecNoneUnlessRun),
+        "evicted_key_bare": Mutant(EvictedKeyBare),
+        "nothing_new_keys_none": Mutant(NothingNewKeysNone),
+        "removal_event_bare_key": Mutant(RemovalEventBareKey),
+        "samples_as_text": Mutant(SamplesAsText),
+        "config_lost_at_reset": Mutant(ConfigLostAtReset),
+        "pending_work_as_count": Mutant(PendingWorkAsCount),
+        "load_source_none_while_loading": Mutant(LoadSourceNoneWhileLoading),
+    }
+)
