@@ -29,9 +29,15 @@ BASE_PACKAGES = (
 ).split()
 
 # What a release needs beside the base, installed into its own environment (they shadow the
-# base's); and base packages it must not import (a module there that raises ImportError).
-PINS = {"0.5.18": ("transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub<2")}
+# base's); base packages it must not import (a module there that raises ImportError); and
+# GPU-only packages it imports at module level, stood in for (releases/sglang_standins.py).
+_HUB_0 = ("tokenizers>=0.21,<0.22", "huggingface-hub<1.0", "kernels==0.9.0")
+PINS = {
+    "0.5.18": ("transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub<2"),
+    "0.4.10.post2": ("transformers==4.54.1", *_HUB_0, "fastapi==0.116.1"),
+}
 HIDDEN = {"0.5.18": ("kernels",)}
+STAND_INS = {"0.4.10.post2": ("sgl_kernel",)}
 
 
 def envs_dir() -> Path:
@@ -72,6 +78,15 @@ def build(version: str) -> Path:
          "--target", str(site), f"sglang=={version}", *PINS.get(version, ())],
         check=True,
     )  # fmt: skip
+    # the stand-ins as this tree has them (shadowing the base's copy), and the release's own
+    (site / "_kvgate_sglang_standins.py").write_text(
+        (ROOT / "releases" / "sglang_standins.py").read_text()
+    )
+    if version in STAND_INS:
+        names = ", ".join(repr(n) for n in STAND_INS[version])
+        (site / "_kvgate_standins_more.pth").write_text(
+            f"import _kvgate_sglang_standins as s; s.stand_in({names})\n"
+        )
     for name in HIDDEN.get(version, ()):
         (site / f"{name}.py").write_text(
             f"raise ImportError('{name} is kept out of this SGLang environment "

@@ -2,7 +2,9 @@
 
 Only GPU-only imports get one: the index's ``torchvision`` drags in a CUDA torch, and SGLang's
 model configs import it at module level although the cache never uses it. The stand-in is a
-package whose every attribute is another stand-in, and which reports a version.
+package whose every attribute is another stand-in, and which reports a version. And a CPU
+probe that older releases call and newer torch no longer has (``torch._C._cpu``'s AMX probe,
+which 0.4.x's ``sglang.srt.utils`` calls at import) answers "no" where it is missing.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import importlib.machinery
 import sys
 import types
 
-STOOD_IN = ("torchvision",)
+STOOD_IN = {"torchvision"}  # a release's environment adds its own (releases/sglang.py)
+CPU_PROBES = ("_is_amx_tile_supported",)  # torch._C._cpu functions torch 2.13 dropped
 
 
 class _Anything(types.ModuleType):
@@ -35,8 +38,19 @@ class _Anything(types.ModuleType):
         return (object,)
 
 
+def _missing_cpu_probes() -> None:
+    import torch
+
+    for name in CPU_PROBES:
+        if not hasattr(torch._C._cpu, name):
+            setattr(torch._C._cpu, name, lambda: False)
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname, path=None, target=None):
+        if fullname == "sglang.srt.utils":  # before it runs: the CPU probes it may call
+            _missing_cpu_probes()
+            return None
         if fullname.split(".", 1)[0] in STOOD_IN:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
@@ -48,6 +62,11 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         return None
+
+
+def stand_in(*names: str) -> None:
+    """Stand in for these packages too (a release that imports GPU kernels at module level)."""
+    STOOD_IN.update(names)
 
 
 def install() -> None:

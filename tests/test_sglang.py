@@ -82,7 +82,7 @@ def has_variants() -> bool:
 
 # What each design's release is caught on under ``ci`` (docs/sglang.md): the step of the
 # request life after which one request's prompt is backed up.
-CAUGHT_AFTER = {"watermark": "(resumed)", "chunked": "finished"}
+CAUGHT_AFTER = {"watermark": "(resumed)", "chunked": "finished", "every insert": "finished"}
 
 
 def resumed_life(target, core: str) -> list:
@@ -116,20 +116,38 @@ def finished_life(target, core: str) -> list:
     return seen + [s.recorder.take_new()]
 
 
+def chunked_life(target, core: str) -> list:
+    """A prefills [200 200] in two chunks of one token and finishes; the pages backed up after
+    each step."""
+    s = target.build(core, gpu_slots=64, host_slots=64, page_size=1)
+    a = s.new("A", (200, 200), 3)
+    assert s.admit(a)
+    seen = []
+    for end in (1, 2):
+        assert s.prefill_chunk(a, end)
+        s.writing_check()
+        seen.append(s.recorder.take_new())
+    s.finish(a)
+    s.writing_check()
+    return seen + [s.recorder.take_new()]
+
+
 @pytest.mark.sglang
 @pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
 @pytest.mark.parametrize("core", ["python", "rust"])
 def test_a_resumed_request_counts_again(released, core):
     """One request, retracted and resumed, has its pages backed up at threshold 2, on each
-    tree core and in both designs read so far: the chunked design has no watermark, and the
-    watermark design's ``Req.reset_for_retract`` zeroes it (``kv.cache_inserted_len``).
+    tree core and in every design read so far: the chunked and every-insert designs have no
+    watermark, and the watermark design's ``Req.reset_for_retract`` zeroes it
+    (``kv.cache_inserted_len``). At threshold 3 (0.4.x) its two inserts stay below it.
     The mended variant counts it once."""
     from kvgate.properties.engines.sglang import resolve_sglang
 
     if core not in released.cores:
         pytest.skip(f"no {core} tree core here")
-    assert released.threshold == 2 and released.design in CAUGHT_AFTER
-    assert resumed_life(released, core) == [[], [], [(200,), (200, 200)]]
+    assert released.threshold in (2, 3) and released.design in CAUGHT_AFTER
+    twice = [(200,), (200, 200)] if released.threshold == 2 else []
+    assert resumed_life(released, core) == [[], [], twice]
     if core == "python" and has_variants():
         assert resumed_life(resolve_sglang("sglang+mended"), core) == [[], [], []]
 
@@ -158,6 +176,21 @@ def test_the_adapter_says_what_it_found(released):
         assert "python" in released.cores
     assert released.note.startswith(f"sglang {released.release}: {dense_cache()}")
     assert released.unchecked()  # the report names what the machine leaves out
+
+
+@pytest.mark.sglang
+@pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
+def test_each_chunk_counts_where_every_insert_counts(released):
+    """Two chunks and a finish, one request: every insert counts in 0.4.x, so the first page
+    reaches threshold 3 (docs/repro/sglang_0_4_10_every_insert_counts.py); the chunked design
+    leaves the first chunk out and counts the last chunk and the finish (threshold 2); the
+    watermark counts the request once."""
+    expected = {
+        "every insert": [[], [], [(200,)]],
+        "chunked": [[], [], [(200,), (200, 200)]],
+        "watermark": [[], [], []],
+    }
+    assert chunked_life(released, "python") == expected[released.design]
 
 
 def _variants():

@@ -177,7 +177,7 @@ def make_machine(target: SGLangTarget) -> type:
             life = self.scheduler.lives[names[pick % len(names)]]
             if not self.scheduler.admit(life):
                 return
-            resumed = bool(life.req.retraction_count)
+            resumed = life.retractions > 0
             again = " (resumed)" if resumed else ""
             self._say(
                 f"{life.name}: admitted{again}, prefix matched on GPU {life.computed}",

@@ -43,6 +43,25 @@ class Ack:
     timing_enabled: bool = False
 
 
+class _AckQueue(list):
+    """The acknowledgements in order: a list as 0.5.x's cache reads it, and a queue of the
+    finished copies' node ids as 0.4.x's reads it (``qsize``, ``get``)."""
+
+    def qsize(self) -> int:
+        done = 0
+        for ack in self:
+            if not ack.finish_event.done:
+                break
+            done += 1
+        return done
+
+    def get(self, *_args, **_kwargs):
+        return self.pop(0).node_ids[0]
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
+
+
 class _HostPool:
     def __init__(self, size: int) -> None:
         self.size = size
@@ -103,8 +122,8 @@ class CopyRecorder:
 
     def __init__(self, host_slots: int, pages_of_slots: Callable[[list[int]], list]) -> None:
         self.mem_pool_host = _HostMemory(host_slots)
-        self.ack_write_queue: list[Ack] = []
-        self.ack_load_queue: list[Ack] = []
+        self.ack_write_queue: list[Ack] = _AckQueue()
+        self.ack_load_queue: list[Ack] = _AckQueue()
         self.pages_of_slots = pages_of_slots
         self.copies: list[list] = []  # the pages of each copy asked for, in order
         self.new: list = []  # the pages copied since the machine last looked
@@ -133,8 +152,9 @@ class CopyRecorder:
 
     mem_pool_device_allocator: Any = None  # where the cache frees device slots through it
 
-    def evict_device(self, device_indices) -> int:
-        """Give device slots back (a node backed up to host leaves the GPU)."""
+    def evict_device(self, device_indices, host_indices=None) -> int:
+        """Give device slots back (a node backed up to host leaves the GPU; 0.4.x names its
+        host slots too)."""
         self.mem_pool_device_allocator.free(device_indices)
         return len(device_indices)
 

@@ -8,7 +8,11 @@ allocator's ``evict_to_free_tokens``; a reset as ``flush_cache`` does it (cache,
 slots cleared) and only when no request holds KV. Older releases have older calls, each used
 where the release has it (never by version): ``cache.inc_lock_ref`` for the lock,
 ``maybe_cache_unfinished_req`` (``chunked`` for a chunk before the last) for a chunk's end,
-``release_kv_cache(is_insert=True)`` at finish, the KV lengths on the request itself (0.5.18).
+``release_kv_cache(is_insert=True)`` at finish, the KV lengths on the request itself (0.5.18);
+in 0.4.x the cache's own ``cache_unfinished_req`` and ``cache_finished_req``, ``cache.evict`` as
+``ScheduleBatch._evict_tree_cache_if_needed`` calls it, a retraction by SGLang's
+``ScheduleBatch.retract_decode`` (retraction is inline there) on a batch that holds the request,
+and the KV lengths kept here, as 0.4.x's batch keeps them (``seq_lens``) and not its request.
 What the scheduler does besides (slot allocation, writing a request's row, decoding a token) is
 done here in a few lines, the way the scheduler does it, because it needs a GPU there.
 
@@ -22,20 +26,26 @@ from __future__ import annotations
 import inspect
 from array import array
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from kvgate.model.radix import Page
 
+OUTPUT_AT_FINISH = 399  # the token a 0.4.x request finishes on (its KV never computed)
+
 
 def _on_request(req: Any) -> bool:
     """Where the request's KV lengths live: on the request itself and its ``kv`` record made
-    at allocation (0.5.18), or on the ``kv`` record it always has (0.5.20 on)."""
-    return hasattr(req, "kv_committed_len")
+    at allocation (0.5.18), or on the ``kv`` record it always has (0.5.20 on); a request with
+    neither (0.4.x) has them kept by the harness as ``kvgate_committed``."""
+    return hasattr(req, "kv_committed_len") or not hasattr(req, "kv")
 
 
 def committed(req: Any) -> int:
+    if not hasattr(req, "kv"):
+        return int(getattr(req, "kvgate_committed", 0))
     return int(req.kv_committed_len if _on_request(req) else req.kv.kv_committed_len)
 
 
@@ -53,6 +63,7 @@ class Life:
     outputs: list[int] = field(default_factory=list)
     admitted: bool = False  # holds a request row (admitted, not retracted or released)
     done: bool = False  # finished or aborted
+    retractions: int = 0  # how often it was retracted (the next admission resumes it)
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -116,9 +127,10 @@ class Scheduler:
 
     # --- request lives ---
     def new(self, name: str, prompt: tuple[int, ...], max_new_tokens: int) -> Life:
-        req = self.sg.Req(
-            name, "", array("q", prompt), self.sg.SamplingParams(max_new_tokens=max_new_tokens)
-        )
+        # the prompt as the release's Req takes it: an array (0.5.x) or a list (0.4.x)
+        takes = inspect.signature(self.sg.Req).parameters["origin_input_ids"].annotation
+        ids = array("q", prompt) if "array" in str(takes) else list(prompt)
+        req = self.sg.Req(name, "", ids, self.sg.SamplingParams(max_new_tokens=max_new_tokens))
         life = Life(name, req, tuple(prompt))
         self.lives[name] = life
         return life
@@ -127,7 +139,12 @@ class Scheduler:
         """Match the prefix and take a request row; False when no row or slot is free."""
         req = life.req
         req.init_next_round_input(self.cache)
-        if self.r2t.alloc([req]) is None:
+        if "need_size" in inspect.signature(self.r2t.alloc).parameters:  # 0.4.x: row numbers
+            rows = self.r2t.alloc(1)
+            if rows is None:
+                return False
+            req.req_pool_idx = rows[0]
+        elif self.r2t.alloc([req]) is None:
             return False
         if hasattr(self.cache, "lock"):  # 0.5.23: a lock object, the path's device slots
             matched = int(req.prefix_len)
@@ -136,7 +153,7 @@ class Scheduler:
         else:  # 0.5.19-0.5.20: the matched slots, a lock receipt (as ``PrefillAdder``)
             matched = len(req.prefix_indices)
             slots = req.prefix_indices
-            locked = self.cache.inc_lock_ref(req.last_node)
+            locked = self.cache.inc_lock_ref(req.last_node)  # 0.4.x: no receipt
             if hasattr(locked, "to_dec_params"):
                 req.lock_receipt = locked.to_dec_params()
         if matched:
@@ -148,7 +165,9 @@ class Scheduler:
     def _computed(self, req: Any, upto: int) -> None:
         """The request's KV is allocated and committed up to ``upto``, as the scheduler's
         allocation leaves it."""
-        if _on_request(req):
+        if not hasattr(req, "kv"):
+            req.kvgate_committed = upto
+        elif _on_request(req):
             req.kv_committed_len = upto
             if req.kv is None:
                 req.kv = self.sg.ReqKvInfo(kv_allocated_len=upto, swa_evicted_seqlen=0)
@@ -160,7 +179,7 @@ class Scheduler:
         n = end - start
         slots = self.allocator.alloc(n)
         if slots is None:
-            self.sg.evict_from_tree_cache(self.cache, n)
+            self._evict_to(n)
             slots = self.allocator.alloc(n)
             if slots is None:
                 return False
@@ -181,6 +200,9 @@ class Scheduler:
         if self.sg.checkpoint_kv_cache is not None:
             life.req.extend_end = end
             self.sg.checkpoint_kv_cache(life.req, self.cache)
+        elif self.sg.maybe_cache_unfinished_req is None:  # 0.4.x: each chunk's end, as is
+            life.req.fill_ids = list(life.tokens[:end])
+            self.cache.cache_unfinished_req(life.req)
         else:  # a chunk before the last is stashed ``chunked``; the last is cached plainly
             life.req.set_extend_range(start, end)
             chunked = end < len(life.tokens)
@@ -209,6 +231,12 @@ class Scheduler:
         row = row_of(req)
         if self.sg.checkpoint_kv_cache is not None:
             self.sg.release_kv_cache(req, self.cache, checkpoint=True)
+        elif self.sg.release_kv_cache is None:
+            # 0.4.x: the request finishes on the token it just sampled, whose KV is never
+            # computed; ``cache_finished_req`` caches all but that last token
+            req.output_ids.append(OUTPUT_AT_FINISH)
+            self.cache.cache_finished_req(req)
+            req.output_ids.pop()
         else:
             self.sg.release_kv_cache(req, self.cache, is_insert=True)
         if row is not None:
@@ -222,6 +250,10 @@ class Scheduler:
     def retract(self, life: Life) -> None:
         """SGLang's retraction (decode out of memory): the request gives its KV back and waits
         to be admitted again; what it computed is recomputed then."""
+        life.retractions += 1
+        if self.sg.release_req is None:
+            self._retract_decode(life)
+            return
         # 0.5.18 also takes the server arguments
         takes_args = "server_args" in inspect.signature(self.sg.release_req).parameters
         self.sg.release_req(
@@ -236,8 +268,43 @@ class Scheduler:
         life.outputs = [int(t) for t in life.req.output_ids]
         life.admitted = False
 
+    def _retract_decode(self, life: Life) -> None:
+        """0.4.x: SGLang's ``ScheduleBatch.retract_decode`` on a decode batch of this request
+        and one that sorts ahead of it (more outputs), so this one is retracted, and only it
+        (``retract_decode_steps`` 0 for the call: the eviction SGLang makes after it is left to
+        the machine's own draws). The batch's ``filter_batch`` is left out: the batch is
+        thrown away."""
+        ahead = SimpleNamespace(
+            output_ids=[0] * 64, origin_input_ids=[0], sampling_params=life.req.sampling_params
+        )
+        batch = self.sg.ScheduleBatch.__new__(self.sg.ScheduleBatch)
+        batch.reqs = [ahead, life.req]
+        batch.seq_lens = torch.tensor([1, life.computed], dtype=torch.int64)
+        batch.tree_cache = self.cache
+        batch.req_to_token_pool = self.r2t
+        batch.token_to_kv_pool_allocator = self.allocator
+        batch.is_hybrid = False
+        batch.filter_batch = lambda **_kwargs: None
+        config = self.sg.global_config.global_config
+        steps, config.retract_decode_steps = config.retract_decode_steps, 0
+        try:
+            retracted, _ = batch.retract_decode(self.sg.server_args)
+        finally:
+            config.retract_decode_steps = steps
+        assert retracted == [life.req], "retract_decode retracted another request"
+        life.outputs = [int(t) for t in life.req.output_ids]
+        life.admitted = False
+
+    def _evict_to(self, free: int) -> None:
+        """Evict from the tree until ``free`` slots are free, as the scheduler's helper does
+        (``evict_from_tree_cache``; in 0.4.x ``_evict_tree_cache_if_needed``'s call)."""
+        if self.sg.evict_from_tree_cache is not None:
+            self.sg.evict_from_tree_cache(self.cache, free)
+        elif self.allocator.available_size() < free:
+            self.cache.evict(free)
+
     def evict(self, tokens: int) -> None:
-        self.sg.evict_from_tree_cache(self.cache, self.allocator.available_size() + tokens)
+        self._evict_to(self.allocator.available_size() + tokens)
 
     def idle(self) -> bool:
         return not any(life.admitted for life in self.lives.values())

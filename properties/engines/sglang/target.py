@@ -14,6 +14,7 @@ raises ``TargetError`` with one line saying why.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -87,19 +88,22 @@ class SGLangTarget:
             size=gpu_slots, page_size=page_size, dtype=sg.torch.float16, head_num=1,
             head_dim=1, layer_num=1, device="cpu", enable_memory_saver=False,
         )  # fmt: skip
-        allocator = sg.TokenToKVPoolAllocator(
-            size=gpu_slots, dtype=sg.torch.float16, device="cpu", kvcache=kv, need_sort=False
-        )
+        allocator = _call(
+            sg.TokenToKVPoolAllocator,
+            size=gpu_slots, dtype=sg.torch.float16, device="cpu", kvcache=kv, need_sort=False,
+        )  # fmt: skip
         scheduler = Scheduler(sg, None, r2t, allocator, None, page_size)
         recorder = CopyRecorder(host_slots, scheduler.pages_of_slots)
         scheduler.recorder = recorder
         if sg.HiRadixCache is not None:
             from .hiradix import build_hiradix
 
-            params = sg.CacheInitParams(
-                disable=False, req_to_token_pool=r2t, token_to_kv_pool_allocator=allocator,
-                page_size=page_size,
-            )  # fmt: skip
+            pools = {"req_to_token_pool": r2t, "token_to_kv_pool_allocator": allocator}
+            params = (
+                sg.CacheInitParams(disable=False, page_size=page_size, **pools)
+                if sg.CacheInitParams  # 0.5.x: one parameters record
+                else SimpleNamespace(page_size=page_size, **pools)  # 0.4.x: the arguments
+            )
             scheduler.cache = build_hiradix(params, sg.server_args, recorder, allocator)
             return scheduler
         variant = VARIANTS[self.variant] if self.variant else None
@@ -135,19 +139,41 @@ class SGLangTarget:
 _LOADED: SimpleNamespace | None = None
 
 
+def _call(cls, **kwargs):
+    """``cls(**kwargs)`` with only the keywords its constructor takes (an older release's pool
+    takes fewer, e.g. no ``need_sort``)."""
+    takes = inspect.signature(cls).parameters
+    return cls(**{k: v for k, v in kwargs.items() if k in takes})
+
+
+def _module(*names: str):
+    """The first of these modules the release has, or None (a module that moved)."""
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
 def _published():
     """SGLang's scheduler publishes its server arguments before it builds a cache; the cache's
     helpers read them (``get_disagg``, ``get_serving``)."""
-    from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
-    def server_args(model_path: str):
-        return ServerArgs(
-            model_path=model_path,
-            enable_hierarchical_cache=True,
-            hicache_write_policy="write_through_selective",
-            device="cpu",
-        )
+    def server_args(model_path: str, **fixed):
+        try:
+            return ServerArgs(
+                model_path=model_path,
+                enable_hierarchical_cache=True,
+                hicache_write_policy="write_through_selective",
+                device="cpu",
+                **fixed,
+            )
+        except ImportError:  # 0.4.x: sizing GPU memory imports the model's layers; a fixed size
+            if fixed:
+                raise
+            return server_args(model_path, mem_fraction_static=0.5)
 
     hub: Any = importlib.import_module("huggingface_hub.constants")
 
@@ -162,7 +188,9 @@ def _published():
         args = server_args(folder)
     finally:
         hub.HF_HUB_OFFLINE = offline
-    runtime_context._CONTEXT.set_server_args(args)
+    context = _module("sglang.srt.runtime_context")
+    if context is not None:  # 0.4.x has none: its cache reads no published arguments
+        context._CONTEXT.set_server_args(args)
     return args
 
 
@@ -200,7 +228,10 @@ def load_release() -> SimpleNamespace:
             "cache of a dense model"
         ) from None
     batch = importlib.import_module("sglang.srt.managers.schedule_batch")
-    common = importlib.import_module(f"{mc}.common")
+    # the scheduler's cache helpers (0.5.x); 0.4.x calls the cache's methods itself
+    common = _module(f"{mc}.common") or SimpleNamespace()
+    params = _module(f"{mc}.cache_init_params")
+    components = _module(f"{mc}.unified_cache.component_type")
     server_args = _published()
     _LOADED = SimpleNamespace(
         version=sglang.__version__,
@@ -213,7 +244,10 @@ def load_release() -> SimpleNamespace:
         Req=batch.Req,
         FINISH_LENGTH=batch.FINISH_LENGTH,
         FINISH_ABORT=batch.FINISH_ABORT,
-        release_req=batch.release_req,
+        # a retraction: one function (0.5.x), or inline in ``ScheduleBatch.retract_decode``
+        release_req=getattr(batch, "release_req", None),
+        ScheduleBatch=batch.ScheduleBatch,
+        global_config=_module("sglang.global_config"),
         SamplingParams=importlib.import_module(
             "sglang.srt.sampling.sampling_params"
         ).SamplingParams,
@@ -221,15 +255,15 @@ def load_release() -> SimpleNamespace:
         # request, ``chunked`` for a chunk before the last (0.5.19-0.5.20)
         checkpoint_kv_cache=getattr(common, "checkpoint_kv_cache", None),
         maybe_cache_unfinished_req=getattr(common, "maybe_cache_unfinished_req", None),
-        release_kv_cache=common.release_kv_cache,
-        evict_from_tree_cache=common.evict_from_tree_cache,
+        release_kv_cache=getattr(common, "release_kv_cache", None),
+        evict_from_tree_cache=getattr(common, "evict_from_tree_cache", None),
         ReqToTokenPool=importlib.import_module(f"{mc}.memory_pool").ReqToTokenPool,
         MHATokenToKVPool=importlib.import_module(f"{mc}.memory_pool").MHATokenToKVPool,
-        TokenToKVPoolAllocator=importlib.import_module(
-            f"{mc}.allocator.token"
+        TokenToKVPoolAllocator=_module(
+            f"{mc}.allocator.token", f"{mc}.allocator"
         ).TokenToKVPoolAllocator,
-        CacheInitParams=importlib.import_module(f"{mc}.cache_init_params").CacheInitParams,
-        ComponentType=importlib.import_module(f"{mc}.unified_cache.component_type").ComponentType,
+        CacheInitParams=getattr(params, "CacheInitParams", None),
+        ComponentType=getattr(components, "ComponentType", None),
     )
     return _LOADED
 
@@ -237,11 +271,16 @@ def load_release() -> SimpleNamespace:
 def _cache_for_a_dense_model(mc: str) -> str:
     """Which class SGLang's cache registry builds for ``--enable-hierarchical-cache`` and a
     plain (dense, full-attention) model: ``HiRadixCache`` where its default factory still
-    constructs one (0.5.18: the unified cache only for hybrid models), else the unified one."""
+    constructs one (0.5.18: the unified cache only for hybrid models), else the unified one.
+    With no registry (0.4.x) the scheduler builds the cache itself: its source says which."""
     try:
         registry = importlib.import_module(f"{mc}.registry")
     except ModuleNotFoundError:
-        return "UnifiedRadixCache"  # no registry: the unified cache is the one there is
+        where = importlib.util.find_spec("sglang.srt.managers.scheduler")
+        if where is None or where.origin is None:
+            return "UnifiedRadixCache"
+        with open(where.origin) as source:
+            return "HiRadixCache" if "HiRadixCache(" in source.read() else "UnifiedRadixCache"
     factory = getattr(registry, "default_radix_cache_factory", None)
     if factory is not None and "HiRadixCache(" in inspect.getsource(factory):
         return "HiRadixCache"
@@ -262,7 +301,8 @@ def _design(sg: SimpleNamespace) -> str:
     """How the release counts, read from its code: a per-request watermark (the insert
     parameters carry ``inserted_len``, as in 0.5.23), a ``chunked`` flag that leaves out the
     chunks before the last (as in 0.5.20), or every insert."""
-    params = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache").InsertParams
+    base = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+    params = getattr(base, "InsertParams", None)  # 0.4.x inserts a key and a value, no more
     fields = getattr(params, "__dataclass_fields__", {})
     if "inserted_len" in fields:
         return "watermark"
