@@ -7,11 +7,16 @@ follows kvgate's interface, checked exactly like impl), ``vllm`` (the installed 
 ``CPUOffloadingManager``, checked exactly) and ``vllm=MODULE:ATTR`` (a class following vLLM's
 interface, checked exactly). ``foreign=`` before ``MODULE:ATTR``, ``vllm`` or
 ``vllm=MODULE:ATTR``: the manager's eviction and chunk-id choices are its own, checked for
-legality and adopted (spec section 9).
+legality and adopted (spec section 9). A ``MODULE:ATTR`` that follows vLLM's interface (a class
+deriving from one of vLLM's, or defined beside vLLM-shaped ``ReqContext`` and
+``make_offload_key``) is judged through vLLM's adapter, as ``vllm=MODULE:ATTR`` would be: driven
+through kvgate's interface it would be blamed for answers that interface never asked of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from typing import cast
 
 from kvgate.impl.manager import OffloadingManager
@@ -43,4 +48,29 @@ def resolve_target(spec: str) -> Target:
         from .engines.vllm.adapter import resolve_vllm
 
         return resolve_vllm(rest, foreign=foreign)
-    return native_target(spec, import_attr(rest), foreign=foreign)
+    found = import_attr(rest)
+    why = follows_vllm(found, rest)
+    if why:
+        from .engines.vllm.adapter import resolve_vllm
+
+        target = resolve_vllm(f"vllm={rest}", foreign=foreign)
+        said = f"{spec}: {why}, so judged as vllm={rest}"
+        return dataclasses.replace(target, note="; ".join(x for x in (said, target.note) if x))
+    return native_target(spec, found, foreign=foreign)
+
+
+def follows_vllm(found, path: str) -> str:
+    """Why ``found`` (what ``MODULE:ATTR`` names) follows vLLM's manager interface, or "": a
+    class with a base from vLLM's package, or a class whose module defines the vLLM-shaped
+    ``ReqContext`` and ``make_offload_key`` (a self-contained manager; kvgate's own interface
+    has neither)."""
+    for base in getattr(found, "__mro__", ())[1:]:
+        module = str(getattr(base, "__module__", ""))
+        if module == "vllm" or module.startswith("vllm."):
+            return f"it derives from {module}.{base.__qualname__}"
+    module = sys.modules.get(path.partition(":")[0])
+    if isinstance(found, type) and all(
+        hasattr(module, n) for n in ("ReqContext", "make_offload_key")
+    ):
+        return "its module defines vLLM's ReqContext and make_offload_key"
+    return ""

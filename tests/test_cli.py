@@ -140,6 +140,31 @@ def test_module_attr_target_is_checked_exactly(capsys):
     assert "not checked for" not in out
 
 
+def test_module_attr_with_vllms_interface_is_judged_through_it(capsys):
+    # without vllm=, a class with vLLM's interface is not driven through kvgate's (where its
+    # first call would be blamed for an answer that interface never asked of it)
+    good, bad = "tests.fake_vllm:FakeManager", "tests.fake_vllm:FakeEveryOfferCounts"
+    code, out, _ = check(capsys, *MANAGER_ONLY, "--target", good)
+    assert code == 0 and f"PASS  manager x vllm={good}: " in out, out
+    assert (
+        f"target {good}: its module defines vLLM's ReqContext and make_offload_key, so "
+        f"judged as vllm={good}" in out
+    ), out
+    code, out, _ = check(capsys, *MANAGER_ONLY, "--target", bad)
+    assert code == 1 and "(admitted keys differ)" in out, out
+    # a subclass of vLLM's manager (a patched release), and kvgate's own interface
+    from kvgate.properties.targets import follows_vllm
+
+    base = type("CPUOffloadingManager", (), {"__module__": "vllm.v1.kv_offload.cpu.manager"})
+    patched = type("Patched", (base,), {"__module__": "mypkg.managers"})
+    assert follows_vllm(patched, "mypkg.managers:Patched") == (
+        "it derives from vllm.v1.kv_offload.cpu.manager.CPUOffloadingManager"
+    )
+    from kvgate.impl.manager import OffloadingManager
+
+    assert follows_vllm(OffloadingManager, "kvgate.impl.manager:OffloadingManager") == ""
+
+
 def test_foreign_target_names_the_skipped_properties(capsys):
     spec = "foreign=kvgate.impl.manager:OffloadingManager"
     code, out, _ = check(capsys, "--target", spec)
