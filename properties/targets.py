@@ -65,9 +65,9 @@ def follows_vllm(found, path: str) -> str:
     ``ReqContext`` and ``make_offload_key`` (a self-contained manager; kvgate's own interface
     has neither)."""
     for base in getattr(found, "__mro__", ())[1:]:
-        module = str(getattr(base, "__module__", ""))
-        if module == "vllm" or module.startswith("vllm."):
-            return f"it derives from {module}.{base.__qualname__}"
+        name = str(getattr(base, "__module__", ""))
+        if name == "vllm" or name.startswith("vllm."):
+            return f"it derives from {name}.{base.__qualname__}"
     module = sys.modules.get(path.partition(":")[0])
     if isinstance(found, type) and all(
         hasattr(module, n) for n in ("ReqContext", "make_offload_key")
