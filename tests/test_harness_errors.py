@@ -75,3 +75,21 @@ def test_a_call_the_target_lacks_is_never_drawn_and_named(capsys, missing):
     assert code == 0, out
     assert f"lacks {missing}" in out or ("lacks " in out and missing in out), out
     assert re.search(rf"not checked for .*no [a-z_, ]*{missing}[a-z_, ]* steps", out), out
+
+
+def test_a_call_the_connector_needs_and_the_target_lacks_is_the_targets_counterexample():
+    """vLLM 0.34.0's connector calls its manager's ``shutdown()`` unconditionally: a target
+    that lacks it fails there, as it would in vLLM. To ``hasattr`` the call stays absent (the
+    connector's probes see what the target has); called anyway, it is an assertion of the
+    target's gap, a counterexample, never "kvgate's own code raised"."""
+    from kvgate.properties.adapters import no_verdict
+    from kvgate.properties.engines.vllm.front import Front, LacksCall
+    from kvgate.properties.runner import blamed
+
+    front = Front(None, None, object(), None)
+    assert not hasattr(front, "shutdown") and getattr(front, "touch", None) is None
+    with pytest.raises(LacksCall, match=r"asked the target for shutdown\(\), which it lacks") as e:
+        front.shutdown()
+    assert blamed(e.value) is e.value and no_verdict(e.value, "the vllm-scheduler machine") == ""
+    with pytest.raises(AttributeError, match="lookup_twice"):
+        getattr(front, "lookup_twice")  # noqa: B009 - not a call of the interface: plain

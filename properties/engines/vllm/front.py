@@ -21,6 +21,12 @@ from .configs import Setup
 _NOT_ASKED = object()  # the adapter's raw answer before a call reaches the manager
 
 
+class LacksCall(AttributeError, AssertionError):
+    """An optional call the target lacks, asked for by vLLM's connector: an ``AttributeError``
+    to ``hasattr``, and to the gate a counterexample of the target (an ``AssertionError``),
+    never kvgate's own error."""
+
+
 class Front:
     """Stands where the connector scheduler keeps its manager. Each call goes through the
     oracle; vLLM gets back what the real manager returned. ``calls`` counts calls by name;
@@ -153,7 +159,11 @@ class Front:
     def __getattr__(self, name: str) -> Any:
         if name not in self.OPTIONAL:
             raise AttributeError(name)
-        real = getattr(self.real, name)  # AttributeError where the release lacks it
+        real = getattr(self.real, name, None)
+        if real is None:
+            # hasattr() and getattr(..., default) still read it as absent; a connector that
+            # calls it anyway has found the target's gap, not kvgate's
+            raise LacksCall(f"vLLM's connector asked the target for {name}(), which it lacks")
         checked = getattr(type(self.oracle), name, None)
 
         def call(*args, **kwargs):
