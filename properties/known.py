@@ -28,11 +28,9 @@ told.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from kvgate.impl.base import STORES_SKIPPED, make_key
@@ -268,15 +266,16 @@ class KnownDefects:
         """Whether the oracle should ask about ``name``'s differences (``saw``)."""
         return any(d.metric == name for d in self.defects)
 
-    def saw(self, name: str, target: Any, model: Any) -> None:
+    def saw(self, name: str, target: Any, model: Any, oracle: Any = None) -> None:
         """The oracle found ``name`` differing: counted and not compared where it is a declared
-        defect; any other difference of it is raised as the divergence it is."""
+        defect; any other difference of it is raised as the divergence it is, through
+        ``oracle`` (``LockstepManager.diverge``: it names the step and the call) where given."""
         for d in self.defects:
             if d.covers(name, target, model):
                 self.seen[d.name] += 1
                 self.first.setdefault(d.name, (target, model))
                 return
-        raise _divergence(name, target, model, self.defects)
+        raise _divergence(name, target, model, self.defects, oracle)
 
     def lines(self) -> list[str]:
         """One line per declaration for a report: what its witness did (present, gone, another
@@ -315,20 +314,15 @@ class KnownDefectGone(AssertionError):
     """A declared known defect whose witness no longer diverges, or diverges otherwise."""
 
 
-def _divergence(name: str, target: Any, model: Any, defects: list[KnownDefect]) -> Exception:
-    """The divergence of a declared metric that differs otherwise than declared: through the
-    oracle that asked (``LockstepManager.diverge``), so that it names the step and the call."""
+def _divergence(
+    name: str, target: Any, model: Any, defects: list[KnownDefect], oracle: Any
+) -> Exception:
+    """The divergence of a declared metric that differs otherwise than declared."""
     declared = "; ".join(f"{d.name} ({d.breaks})" for d in defects if d.metric == name)
     shown = f"no {name}" if target == "(missing)" else f"{name}={target}"
     why = f"{name} differs, and not as the declared known defect {declared}"
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(4):
-        if frame is None:
-            break
-        oracle: Any = frame.f_locals.get("self")
-        if callable(getattr(oracle, "diverge", None)) and hasattr(oracle, "known"):
-            return oracle.diverge("get_stats()", shown, f"{name}={model}", why)
-        frame = frame.f_back
+    if oracle is not None:
+        return oracle.diverge("get_stats()", shown, f"{name}={model}", why)
     return AssertionError(
         f"divergence at get_stats(): target {shown}, model {name}={model} ({why})"
     )

@@ -306,7 +306,7 @@ class LockstepManager:
         if self.known is None or name not in self.known:
             return False
         if differs if differs is not None else target != model:
-            self.known.saw(name, target, model)
+            self.known.saw(name, target, model, self)
         return True
 
     # --- the request lifecycle and the interface answers

@@ -198,6 +198,12 @@ def test_kvgate_check_takes_the_same_declarations(capsys):
     code = main([*quick, "--target", "mutant:every_offer_counts", "--known-defect", SKIPS])
     out = capsys.readouterr().out
     assert code == 1 and "(admitted keys differ)" in out, out
+    # the declared metric differing the other way: a divergence at the step and call it differs
+    over = "mutant:skip_metric_every_offer"
+    code = main([*quick, "--target", over, "--known-defect", "skip-undercount"])
+    out = capsys.readouterr().out
+    assert code == 1 and re.search(r"Divergence: divergence at step \d+, call \d+: get_stats", out)
+    assert "differs, and not as the declared known defect skip-undercount" in out, out
     for name, says in [
         ("admitted keys", "the admission rule is what the gate checks"),
         ("tracker", "cannot be declared"),
