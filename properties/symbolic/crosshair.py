@@ -21,6 +21,7 @@ import inspect
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,18 +55,19 @@ def tracker_step(
     return tuple(t.counts.items()), frozenset(c), frozenset(s), tuple(admitted), new_skips
 
 
-def every_offer_counts_step(
-    tracker: Tracker,
-    counted: frozenset[bytes],
-    skipped: frozenset[bytes],
-    offer: tuple[bytes, ...],
-    resident: frozenset[bytes],
-    threshold: int,
-    max_tracker_size: int,
-) -> Step:
-    """impl's step, told that the request has counted nothing yet; its record still grows."""
-    out = tracker_step(tracker, frozenset(), skipped, offer, resident, threshold, max_tracker_size)
-    return (out[0], counted | out[1], *out[2:])
+class _EveryOfferCountsTracker(AdmissionTracker):
+    """impl's tracker, told that the request has counted nothing yet; its record still grows."""
+
+    def admit(self, offer, counted, skipped, is_resident):
+        fresh: set[bytes] = set()
+        out = super().admit(offer, fresh, skipped, is_resident)
+        counted |= fresh
+        return out
+
+
+def every_offer_counts_step(*args: *StepArgs) -> Step:
+    """impl's step on the tracker that counts every offer (``tracker_step``'s arguments)."""
+    return tracker_step(*args, tracker_cls=_EveryOfferCountsTracker)
 
 
 class Key(enum.Enum):
@@ -123,65 +125,39 @@ def small_state(
     )
 
 
-def model_small(
-    tracker: SmallTracker,
-    counted: frozenset[Key],
-    skipped: frozenset[Key],
-    offer: tuple[Key, ...],
-    resident: frozenset[Key],
-    threshold: Small,
-    max_tracker_size: Small,
-) -> Step:
-    return model_admission.admission_step(
-        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size)
-    )
+SMALL_SIGNATURE = inspect.signature(small_state).replace(return_annotation="Step")
 
 
-def impl_small(
-    tracker: SmallTracker,
-    counted: frozenset[Key],
-    skipped: frozenset[Key],
-    offer: tuple[Key, ...],
-    resident: frozenset[Key],
-    threshold: Small,
-    max_tracker_size: Small,
-) -> Step:
-    return tracker_step(
-        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size)
-    )
+def _on_small(fn: Callable[..., Step]) -> Callable[..., Step]:
+    """``fn`` takes ``small_state``'s arguments: its signature and types, which CrossHair reads.
+    Each such step is a function of its own (CrossHair's search follows each one's code)."""
+    fn.__annotations__ = {**small_state.__annotations__, "return": "Step"}
+    fn.__signature__ = SMALL_SIGNATURE  # type: ignore[attr-defined]
+    return fn
 
 
-def every_offer_counts_small(
-    tracker: SmallTracker,
-    counted: frozenset[Key],
-    skipped: frozenset[Key],
-    offer: tuple[Key, ...],
-    resident: frozenset[Key],
-    threshold: Small,
-    max_tracker_size: Small,
-) -> Step:
-    return every_offer_counts_step(
-        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size)
-    )
+@_on_small
+def model_small(*args) -> Step:
+    return model_admission.admission_step(*small_state(*args))
 
 
-def old_reentry_small(
-    tracker: SmallTracker,
-    counted: frozenset[Key],
-    skipped: frozenset[Key],
-    offer: tuple[Key, ...],
-    resident: frozenset[Key],
-    threshold: Small,
-    max_tracker_size: Small,
-) -> Step:
+@_on_small
+def impl_small(*args) -> Step:
+    return tracker_step(*small_state(*args))
+
+
+@_on_small
+def every_offer_counts_small(*args) -> Step:
+    return every_offer_counts_step(*small_state(*args))
+
+
+@_on_small
+def old_reentry_small(*args) -> Step:
     """The first spec's re-entry rule (``mutants.DroppedKeyNotRetracked``'s tracker): a key the
     request counted is not tracked again once dropped. The spec A2 ``post:`` refuses it."""
     from kvgate.properties.catalogue.managers import OldReentryTracker
 
-    return tracker_step(
-        *small_state(tracker, counted, skipped, offer, resident, threshold, max_tracker_size),
-        tracker_cls=OldReentryTracker,
-    )
+    return tracker_step(*small_state(*args), tracker_cls=OldReentryTracker)
 
 
 # ---- CrossHair's commands, with their bounds (tests/test_crosshair.py runs them)
