@@ -460,22 +460,11 @@ class OffloadWorker:
         """Synchronous copy, one ``_foreach_copy_`` over every layer: a run of at least
         ``_SLICE_RUN`` consecutive (block, sub-block) pairs is one slice, any other row is one of
         the row views made once in ``__init__`` (no index tensor, no staging pass)."""
-        if job.kind == STORE:
-            src_ids, dst_ids = job.gpu_blocks, job.slots
-            srcs_w, dsts_w, srcs_r, dsts_r = (
-                self._gpu_words,
-                self._cpu_words,
-                self._gpu_rows,
-                self._cpu_rows,
-            )
-        else:
-            src_ids, dst_ids = job.slots, job.gpu_blocks
-            srcs_w, dsts_w, srcs_r, dsts_r = (
-                self._cpu_words,
-                self._gpu_words,
-                self._cpu_rows,
-                self._gpu_rows,
-            )
+        gpu = (job.gpu_blocks, self._gpu_words, self._gpu_rows)
+        cpu = (job.slots, self._cpu_words, self._cpu_rows)
+        (src_ids, srcs_w, srcs_r), (dst_ids, dsts_w, dsts_r) = (
+            (gpu, cpu) if job.kind == STORE else (cpu, gpu)
+        )
         srcs: list[torch.Tensor] = []
         dsts: list[torch.Tensor] = []
         runs, rest = _long_runs(src_ids, dst_ids)
