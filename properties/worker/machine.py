@@ -291,21 +291,8 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ rules
 
-    def _submit(
-        self,
-        kind,
-        picks,
-        chunk_pick,
-        offset_pick,
-        run=0,
-        form="list",
-        stretch_pick=None,
-        pattern="run",
-        chunk_mode=None,
-    ) -> None:
-        chosen = self.choose(
-            kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern, chunk_mode
-        )
+    def _submit(self, kind, chosen, form="list") -> None:
+        """Submit the transfer ``choose`` picked (``chosen``), if it picked one."""
         if chosen is None:
             note(f"no {kind} possible now")
             return
@@ -370,11 +357,11 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
 
     @_SUBMIT
     def submit_store(self, picks, chunk_pick, offset_pick, run, form):
-        self._submit(STORE, picks, chunk_pick, offset_pick, run, form)
+        self._submit(STORE, self.choose(STORE, picks, chunk_pick, offset_pick, run), form)
 
     @_SUBMIT
     def submit_load(self, picks, chunk_pick, offset_pick, run, form):
-        self._submit(LOAD, picks, chunk_pick, offset_pick, run, form)
+        self._submit(LOAD, self.choose(LOAD, picks, chunk_pick, offset_pick, run), form)
 
     @rule(
         kind=st.sampled_from([STORE, LOAD]),
@@ -397,9 +384,10 @@ class WorkerMachine(Recorded, RuleBasedStateMachine):
         sub-blocks run beside it (the GPU ids step by two where the CPU ids go up by one)."""
         if pattern == "every_other":
             chunk_mode = 0
-        self._submit(
-            kind, picks, chunk_pick, offset_pick, run, "list", stretch_pick, pattern, chunk_mode
+        chosen = self.choose(
+            kind, picks, chunk_pick, offset_pick, run, stretch_pick, pattern, chunk_mode
         )
+        self._submit(kind, chosen)
 
     @rule()
     def copy_raises(self):
