@@ -27,23 +27,10 @@ SYNTHETIC = DATA / "mooncake_synthetic_200.jsonl"
 # Small tier and tracker, slow stores, resets and short GPU memory: allocation failures,
 # retries, finish-time retries, preemptions, loads, tracker push-outs and stale completions all
 # happen on these slices.
+_STRESSED = ReplaySettings(num_chunks=256, store_threshold=2, store_delay=4, max_tracker_size=2048)
 STRESS = {
-    CONVERSATION: ReplaySettings(
-        num_chunks=256,
-        store_threshold=2,
-        store_delay=4,
-        reset_every=251,
-        gpu_blocks=700,
-        max_tracker_size=2048,
-    ),
-    SYNTHETIC: ReplaySettings(
-        num_chunks=256,
-        store_threshold=2,
-        store_delay=4,
-        reset_every=97,
-        gpu_blocks=300,
-        max_tracker_size=2048,
-    ),
+    CONVERSATION: replace(_STRESSED, reset_every=251, gpu_blocks=700),
+    SYNTHETIC: replace(_STRESSED, reset_every=97, gpu_blocks=300),
 }
 SLICES = [pytest.param(CONVERSATION, id="conversation"), pytest.param(SYNTHETIC, id="synthetic")]
 
