@@ -273,6 +273,17 @@ class FakeManagerWithoutTouch:
     def get_stats(self) -> Stats:
         return Stats(self._m.get_stats().as_dict())
 
+    # What vLLM 0.34.0's manager base class gives every manager, and its connector calls
+    # unconditionally: nothing to do here.
+    def on_schedule_end(self, context) -> None:
+        return None
+
+    def on_reset_flushed(self) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
 
 class FakeManager(FakeManagerWithoutTouch):
     """impl's manager behind vLLM-shaped types (the interface an upstream manager has)."""
