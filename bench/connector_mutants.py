@@ -352,8 +352,17 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_vllm_tests(version: str, mutant: Path | None, timeout: int = TIMEOUT) -> dict:
-    """vLLM's own connector unit tests, stopping at the first failure."""
+def run_vllm_tests(
+    version: str,
+    mutant: Path | None,
+    timeout: int = TIMEOUT,
+    paths: tuple[str, ...] = (VLLM_TESTS,),
+    first_failure: bool = True,
+    confcutdir: str = "tests/v1/kv_connector/unit",
+) -> dict:
+    """vLLM's own unit tests at ``paths`` of its source distribution (the connector's by
+    default), stopping at the first failure unless ``first_failure`` is False; conftest files
+    above ``confcutdir`` are not loaded."""
     where = vllm_tests(version)
     env = _env(
         {
@@ -363,8 +372,8 @@ def run_vllm_tests(version: str, mutant: Path | None, timeout: int = TIMEOUT) ->
             "KVGATE_CONNECTOR_MUTANT": str(mutant or ""),
         }
     )
-    args = ["-m", "pytest", "-x", "-q", "-p", "vllm_yardstick", "-p", "no:cacheprovider"]
-    args += ["-W", "ignore", "--confcutdir", "tests/v1/kv_connector/unit", VLLM_TESTS]
+    args = ["-m", "pytest", *(["-x"] if first_failure else []), "-q", "-p", "vllm_yardstick"]
+    args += ["-p", "no:cacheprovider", "-W", "ignore", "--confcutdir", confcutdir, *paths]
     return _run([str(release_python(version)), *args], where, env, timeout)
 
 
