@@ -34,6 +34,11 @@ class Report:
         print(text, flush=True)
         self.lines.append(text)
 
+    def goal(self, text: str, met: bool) -> bool:
+        """Print ``text`` with whether its goal is met; return ``met``."""
+        self(f"{text}: {'met' if met else 'NOT met'}")
+        return met
+
     def progress(self, text: str) -> None:
         print(f"  .. {text}", file=sys.stderr, flush=True)
 
@@ -211,13 +216,11 @@ def table_copy_bandwidth(report: Report, args) -> bool | None:
         report("Goal: copy bandwidth: the summary line was not found, see above")
         return None
     low, geo = float(found.group(1)), float(found.group(2))
-    met = low >= worker_bandwidth.GOAL
-    report(
+    return report.goal(
         f"Goal: copy bandwidth: worker (copy alone) / fastest plain copy {low:.2f} at worst, "
-        f"geometric mean {geo:.2f} (goal >= {worker_bandwidth.GOAL}): "
-        f"{'met' if met else 'NOT met'}"
+        f"geometric mean {geo:.2f} (goal >= {worker_bandwidth.GOAL})",
+        low >= worker_bandwidth.GOAL,
     )
-    return met
 
 
 def table_scaling(report: Report, args) -> bool | None:
@@ -237,13 +240,11 @@ def table_scaling(report: Report, args) -> bool | None:
     report("```")
     report()
     goal = manager_scaling.GOAL
-    met = chunks <= goal and tracker <= goal
-    report(
+    return report.goal(
         f"Goal (that script's): cost per call large / small <= {goal:g}: 100,000 / 100 chunks "
-        f"{chunks:.2f}, 64,000 / 100 tracker keys {tracker:.2f}: "
-        f"{'met' if met else 'NOT met'}"
+        f"{chunks:.2f}, 64,000 / 100 tracker keys {tracker:.2f}",
+        chunks <= goal and tracker <= goal,
     )
-    return met
 
 
 def table_mutation(report: Report, args) -> bool | None:
