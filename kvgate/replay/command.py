@@ -37,6 +37,15 @@ COUNTS = (
     ("--fail-every", non_negative, "fail_every", "make every N-th store job's copy fail; 0: none"),
 )
 
+# Values the replay sweeps, each flag taking several (every combination runs):
+# (flag, type, metavar, ReplaySettings field, help).
+SWEPT = (
+    ("--threshold", non_negative, "T", "store_threshold", "store_threshold values"),
+    ("--num-chunks", positive, "N", "num_chunks", "CPU tier sizes in chunks"),
+)
+# Flags that set the ReplaySettings field of their own name, as given.
+SAME_NAMED = ("policy", "worker", "device", "verify", "ms_per_step", "limit", "scheduler")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     d = ReplaySettings()
@@ -48,22 +57,15 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="SPEC",
         help="targets to replay against (impl, impl:arc, mutant:NAME, vllm, ...); default impl",
     )
-    p.add_argument(
-        "--threshold",
-        action="extend",
-        nargs="+",
-        type=non_negative,
-        metavar="T",
-        help=f"store_threshold values (default {d.store_threshold})",
-    )
-    p.add_argument(
-        "--num-chunks",
-        action="extend",
-        nargs="+",
-        type=positive,
-        metavar="N",
-        help=f"CPU tier sizes in chunks (default {d.num_chunks})",
-    )
+    for flag, kind, metavar, field, what in SWEPT:
+        p.add_argument(
+            flag,
+            action="extend",
+            nargs="+",
+            type=kind,
+            metavar=metavar,
+            help=f"{what} (default {getattr(d, field)})",
+        )
     p.add_argument(
         "--policy",
         choices=("lru", "arc"),
@@ -148,16 +150,7 @@ def add_replay_parser(subparsers) -> argparse.ArgumentParser:
 
 def _runs(args) -> list[tuple[str, ReplaySettings]]:
     counts = {field: getattr(args, flag[2:].replace("-", "_")) for flag, _, field, _ in COUNTS}
-    base = ReplaySettings(
-        **counts,
-        policy=args.policy,
-        worker=args.worker,
-        device=args.device,
-        verify=args.verify,
-        ms_per_step=args.ms_per_step,
-        limit=args.limit,
-        scheduler=args.scheduler,
-    )
+    base = ReplaySettings(**counts, **{field: getattr(args, field) for field in SAME_NAMED})
     targets = args.target or ["impl"]
     thresholds = args.threshold or [base.store_threshold]
     sizes = args.num_chunks or [base.num_chunks]
