@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -22,25 +23,7 @@ class Display:
 
     def __enter__(self):
         if self.rich:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                SpinnerColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=self._console,
-                transient=True,
-            )
-            self._progress.__enter__()
+            self._progress = live_progress(self._console, spinner=True)
         return self
 
     def __exit__(self, *exc):
@@ -94,6 +77,42 @@ class Display:
 
         tick.done = done
         return tick
+
+
+def live_progress(console, *, spinner: bool = False, remaining: bool = False):
+    """A started rich progress display on ``console``, cleared when it ends: each task's
+    description, bar, done/total and time elapsed, after a spinner and before the time
+    remaining where asked."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        ProgressColumn,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns: list[ProgressColumn] = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    ]
+    if spinner:
+        columns.insert(0, SpinnerColumn())
+    if remaining:
+        columns.append(TimeRemainingColumn())
+    progress = Progress(*columns, console=console, transient=True)
+    progress.__enter__()
+    return progress
+
+
+def add_progress_flag(p: argparse.ArgumentParser, shows: str) -> None:
+    """``--progress``/``--no-progress``, ``None`` when neither is given; ``shows``: the help,
+    what it shows and when by default."""
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help=shows)
 
 
 def use_rich(flag: bool | None) -> bool:

@@ -13,6 +13,8 @@ from kvgate.outputs import OutputError, check_output
 from kvgate.properties.profiles import PROFILES
 from kvgate.properties.runner import PROFILE_DATABASE
 
+from .display import add_progress_flag
+
 OUTPUT_FLAGS = (("--repro", "repro"), ("--history", "history"), ("--junit-xml", "junit_xml"))
 
 
@@ -79,12 +81,7 @@ def add_run_options(p: argparse.ArgumentParser, machines_default: str | None) ->
     p.add_argument(
         "--explain", action="store_true", help="run Hypothesis's explain phase on a failure (slow)"
     )
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress display (default: on a terminal, not under CI)",
-    )
+    add_progress_flag(p, "progress display (default: on a terminal, not under CI)")
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report")
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvgate.argtypes import non_negative, positive
+from kvgate.cli.display import add_progress_flag, live_progress
 from kvgate.impl.traces import TraceError, load_trace
 from kvgate.outputs import OutputError, check_output, write_atomic
 
@@ -125,12 +126,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument(
         "--jobs", type=positive, default=1, help="runs in parallel processes (default %(default)s)"
     )
-    p.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar (default: when stderr is a terminal)",
-    )
+    add_progress_flag(p, "progress bar (default: when stderr is a terminal)")
     p.add_argument("--out", metavar="FILE", help="also write the report to FILE")
     p.add_argument("--json", metavar="FILE", help="also write every run's figures as JSON")
     return p
@@ -175,25 +171,8 @@ class _Progress:
     def __enter__(self):
         if self.enabled:
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
 
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-                transient=True,
-            )
-            self._bar.__enter__()
+            self._bar = live_progress(Console(stderr=True), remaining=True)
         return self
 
     def __exit__(self, *exc):
