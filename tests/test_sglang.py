@@ -83,6 +83,10 @@ def has_variants() -> bool:
 # What each design's release is caught on under ``ci`` (docs/sglang.md): the step of the
 # request life after which one request's prompt is backed up.
 CAUGHT_AFTER = {"watermark": "(resumed)", "chunked": "finished", "every insert": "finished"}
+# The shortest life that shows each design's defect, what ``ci`` shrinks to (docs/sglang.md):
+# prefill, retract, resume, prefill (watermark); prefill, finish (chunked); two chunks and a
+# finish (every insert); each after a new request and its admission.
+SHORTEST = {"watermark": 6, "chunked": 4, "every insert": 5}
 
 
 def resumed_life(target, core: str) -> list:
@@ -219,14 +223,15 @@ def test_each_known_bad_variant_is_caught_under_ci(variant):
 @pytest.mark.skipif(not HAVE_SGLANG, reason="SGLang is not installed here")
 def test_the_release_verdict_under_ci(released):
     """The installed release as released, under ``ci`` (derandomized): one request's prompt
-    backed up at threshold 2, after a retraction and resumption (0.5.23) or after its finish
-    (0.5.20), on a few steps (docs/sglang.md)."""
+    backed up at its threshold, after a retraction and resumption (0.5.23) or after its finish
+    (0.5.18, 0.5.20; 0.4.10 after two chunks), shrunk to the shortest such life: no step that
+    plays no part (a second request, an eviction) survives the shrinker (docs/sglang.md)."""
     run = run_one("sglang", released, "ci", None, None, None, None)
     assert run.status == "FAIL", run.message
     assert "backed up to host after 1 distinct request(s)" in run.message
     last_step = [line for line in run.message.splitlines() if line.startswith("  A: ")][-2:]
     assert any(CAUGHT_AFTER[released.design] in line for line in last_step), run.message
-    assert run.outcome.shrunk_steps <= 12
+    assert run.outcome.shrunk_steps == SHORTEST[released.design], run.message
 
 
 @pytest.mark.sglang
