@@ -4,9 +4,11 @@
 pytest and the pure-Python packages SGLang's imports need (``BASE_PACKAGES``); it loads the
 stand-ins of ``releases/sglang_standins.py`` at start-up. ``.sglang/VERSION`` is an environment
 without pip whose one ``.pth`` line adds the base's packages, with the release installed by
-``pip install --no-deps --target`` (spec §11, docs/sglang.md). ``KVGATE_SGLANG_ENVS`` names
-another folder than ``.sglang``. No SGLang environment is built by CI: a test that needs one
-skips where it is absent.
+``pip install --no-deps --target`` (spec §11, docs/sglang.md), the release's own pins beside it
+(``PINS``), the stand-ins as this tree has them (a copy that shadows the base's), and the
+GPU-only packages that release imports at module level stood in for (``STAND_INS``).
+``KVGATE_SGLANG_ENVS`` names another folder than ``.sglang``. No SGLang environment is built
+by CI: a test that needs one skips where it is absent.
 
 ``python3 releases/sglang.py build VERSION`` builds one on an existing base;
 ``python3 releases/sglang.py list`` prints the releases built here, one a line.
