@@ -9,12 +9,12 @@ whoever inserts: the scheduler inserts a request at the end of each chunk of pre
 (``cache_unfinished_req``) and again at finish (``cache_finished_req``), so a prompt prefilled
 in two chunks and finished counts three times on its first page.
 
-The cache's constructor builds a CUDA host pool and controller; here those two names in
-SGLang's module are stood in for while it runs (a controller that records each copy, a host
-pool that is a free list), and a one-process ``gloo`` group answers its group size. Exit 1
-(and one line) when the release copies the prompt of the one request, 0 when it does not.
-Run it in a release environment (its start-up stands in for ``sgl_kernel``, the CUDA transfer
-kernels the host pool's module imports):
+The cache's constructor builds a CUDA host pool and controller; here those two names in SGLang's
+module are stood in for while it runs (a controller that records each copy, a host pool that is a
+free list: sglang_stand_ins.py beside it), and a one-process ``gloo`` group answers its group size.
+Exit 1 (and one line) when the release copies the prompt of the one request, 0 when it does not. Run
+it in a release environment (its start-up stands in for ``sgl_kernel``, the CUDA transfer kernels
+the host pool's module imports):
 ``.sglang/0.4.10.post2/bin/python docs/repro/sglang_0_4_10_every_insert_counts.py``.
 """
 
@@ -22,48 +22,25 @@ import queue
 import sys
 import tempfile
 
-import torch
 import torch.distributed as dist
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
 from sglang.srt.mem_cache import hiradix_cache
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang_stand_ins import CopyRecorder, HostPool, cpu_pools
 
 
-class HostPool:
-    def __init__(self, size):
-        self.size, self.free_slots = size, list(range(size))
-
-    def alloc(self, n):
-        taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
-        return torch.tensor(taken, dtype=torch.int64)
-
-    def free(self, slots):
-        self.free_slots += [int(s) for s in slots]
-        return len(slots)
-
-    def update_synced(self, slots):
-        pass
-
-    def clear(self):
-        self.free_slots = list(range(self.size))
-
-
-class Controller:
-    """The cache controller's device-to-host copy, recorded instead of done; each copy is
-    acknowledged at once on the queue the cache reads."""
-
-    write_policy = "write_through_selective"
+class Controller(CopyRecorder):
+    """Each copy acknowledged at once, on the queue the cache reads."""
 
     def __init__(self, host, device):
-        self.mem_pool_host, self.mem_pool_device_allocator = host, device
-        self.ack_write_queue, self.ack_load_queue, self.copied = queue.Queue(), queue.Queue(), []
+        super().__init__(host)
+        self.mem_pool_device_allocator = device
+        self.ack_write_queue, self.ack_load_queue = queue.Queue(), queue.Queue()
 
     def write(self, device_indices, node_id=None, **_):
-        self.copied.append(len(device_indices))
         self.ack_write_queue.put(node_id)
-        return self.mem_pool_host.alloc(len(device_indices))
+        return super().write(device_indices, node_id)
 
     def reset(self):
         self.ack_write_queue, self.ack_load_queue = queue.Queue(), queue.Queue()
@@ -71,12 +48,7 @@ class Controller:
 
 folder = tempfile.mkdtemp()
 dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=0, world_size=1)
-rows = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
-kv = MHATokenToKVPool(
-    size=64, page_size=1, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
-    device="cpu", enable_memory_saver=False,
-)  # fmt: skip
-slots = TokenToKVPoolAllocator(size=64, dtype=torch.float16, device="cpu", kvcache=kv)
+rows, slots = cpu_pools(TokenToKVPoolAllocator)
 host = HostPool(64)
 controller = Controller(host, slots)
 hiradix_cache.HiCacheController = lambda *a, **k: controller

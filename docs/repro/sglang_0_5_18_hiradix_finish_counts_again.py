@@ -7,11 +7,11 @@ a node is copied to host once two inserts have counted on it (``_inc_hit_count``
 chunks before the last are left out (``chunked``); the insert that ends prefill and the insert
 at finish both count, so one request that prefills and finishes backs its own prompt up.
 
-The cache's constructor builds a CUDA host pool and controller; here those two names in
-SGLang's module are stood in for while it runs (a controller that records each copy, a host
-pool that is a free list), and a one-process ``gloo`` group answers its group size. Exit 1
-(and one line) when the release copies the prompt of the one request, 0 when it does not.
-Run it in a release environment:
+The cache's constructor builds a CUDA host pool and controller; here those two names in SGLang's
+module are stood in for while it runs (a controller that records each copy, a host pool that is a
+free list: sglang_stand_ins.py beside it), and a one-process ``gloo`` group answers its group size.
+Exit 1 (and one line) when the release copies the prompt of the one request, 0 when it does not. Run
+it in a release environment:
 ``.sglang/0.5.18/bin/python docs/repro/sglang_0_5_18_hiradix_finish_counts_again.py``.
 """
 
@@ -21,7 +21,6 @@ import sys
 import tempfile
 from array import array
 
-import torch
 import torch.distributed as dist
 from sglang.srt import runtime_context
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req, ReqKvInfo
@@ -29,45 +28,12 @@ from sglang.srt.mem_cache import hiradix_cache
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang_stand_ins import CopyRecorder, HostPool, cpu_pools
 
 
-class HostPool:
-    shared_allocation_domain = None
-
-    def __init__(self, size):
-        self.size, self.free_slots = size, list(range(size))
-
-    def available_size(self):
-        return len(self.free_slots)
-
-    def alloc(self, n):
-        taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
-        return torch.tensor(taken, dtype=torch.int64)
-
-    def free(self, slots):
-        self.free_slots += [int(s) for s in slots]
-        return len(slots)
-
-    def clear(self):
-        self.free_slots = list(range(self.size))
-
-
-class Controller:
-    """The cache controller's device-to-host copy, recorded instead of done."""
-
-    write_policy = "write_through_selective"
-
-    def __init__(self, host):
-        self.mem_pool_host = host
-        self.ack_write_queue, self.ack_load_queue, self.copied = [], [], []
-
-    def write(self, device_indices, node_id=None, **_):
-        self.copied.append(len(device_indices))
-        return self.mem_pool_host.alloc(len(device_indices))
-
+class Controller(CopyRecorder):
     def reset(self):
         self.ack_write_queue.clear()
         self.ack_load_queue.clear()
@@ -91,14 +57,7 @@ runtime_context._CONTEXT.set_server_args(args)
 dist.init_process_group(
     "gloo", init_method=f"file://{folder}/rendezvous", rank=0, world_size=1
 )  # fmt: skip
-rows = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
-kv = MHATokenToKVPool(
-    size=64, page_size=1, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
-    device="cpu", enable_memory_saver=False,
-)  # fmt: skip
-slots = TokenToKVPoolAllocator(
-    size=64, dtype=torch.float16, device="cpu", kvcache=kv, need_sort=False
-)
+rows, slots = cpu_pools(TokenToKVPoolAllocator, need_sort=False)
 host = HostPool(64)
 controller = Controller(host)
 hiradix_cache.HiCacheController = lambda *a, **k: controller

@@ -10,104 +10,27 @@ and the insert at finish (``cache_finished_req``) both count. So one request tha
 finishes takes its prompt's nodes to 2, and they are backed up as if two requests had shared
 them.
 
-The cache is built on a CPU as SGLang's ``init_hicache`` sets it up, its cache controller
-replaced by a stub that records each device-to-host copy (the copy needs CUDA; the decision
-to copy is SGLang's). Exit 1 (and one line) when the release copies the prompt of the one
-request, 0 when it does not. Run it in a release environment:
+The cache is built on a CPU as SGLang's ``init_hicache`` sets it up, its cache controller replaced
+by a stub that records each device-to-host copy (the copy needs CUDA; the decision to copy is
+SGLang's): ``unified_cache`` in sglang_stand_ins.py beside it. Exit 1 (and one line) when the
+release copies the prompt of the one request, 0 when it does not. Run it in a release environment:
 ``.sglang/0.5.20/bin/python docs/repro/sglang_0_5_20_finish_counts_again.py``.
 """
 
 import os
 import sys
 from array import array
-from types import SimpleNamespace
 
-import torch
-from sglang.srt import runtime_context
 from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
-from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.common import maybe_cache_unfinished_req, release_kv_cache
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.server_args import ServerArgs
+from sglang_stand_ins import unified_cache
 
 CORE = sys.argv[1] if len(sys.argv) > 1 else "python"  # or "rust", the default core
 os.environ["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] = CORE  # read when the cache is built
 
 
-class HostPool:
-    shared_allocation_domain = None
-
-    def __init__(self, size):
-        self.free_slots = list(range(size))
-
-    def available_size(self):
-        return len(self.free_slots)
-
-    def alloc(self, n):
-        taken, self.free_slots = self.free_slots[:n], self.free_slots[n:]
-        return torch.tensor(taken, dtype=torch.int64)
-
-    def free(self, slots):
-        self.free_slots += [int(s) for s in slots]
-        return len(slots)
-
-
-class Controller:
-    """The cache controller's device-to-host copy, recorded instead of done."""
-
-    write_policy = "write_through_selective"
-    enable_storage = False
-    pp_prefetch_command_group = None
-
-    def __init__(self):
-        pool = HostPool(64)
-        self.mem_pool_host = SimpleNamespace(
-            anchor_entry=SimpleNamespace(host_pool=pool, host_evict_fn=None),
-            available_size=pool.available_size,
-            alloc=pool.alloc,
-            free=pool.free,
-        )
-        self.ack_write_queue, self.ack_load_queue, self.copied = [], [], []
-
-    def write(self, device_indices, node_id=None, **_):
-        self.copied.append(len(device_indices))
-        return self.mem_pool_host.alloc(len(device_indices))
-
-    def start_writing(self):
-        pass
-
-
-runtime_context._CONTEXT.set_server_args(
-    ServerArgs(
-        model_path="no-model",
-        enable_hierarchical_cache=True,
-        hicache_write_policy="write_through_selective",
-        device="cpu",
-    )
-)
-rows = ReqToTokenPool(size=4, max_context_len=64, device="cpu", enable_memory_saver=False)
-kv = MHATokenToKVPool(
-    size=64, page_size=1, dtype=torch.float16, head_num=1, head_dim=1, layer_num=1,
-    device="cpu", enable_memory_saver=False,
-)  # fmt: skip
-slots = TokenToKVPoolAllocator(
-    size=64, dtype=torch.float16, device="cpu", kvcache=kv, need_sort=False
-)
-cache = UnifiedRadixCache(
-    CacheInitParams(
-        disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=slots, page_size=1,
-        tree_components=(ComponentType.FULL,),
-    )
-)  # fmt: skip
-# what init_hicache does once its controller is built
-controller = cache.cache_controller = Controller()
-cache.tree_core.set_hicache_enabled()
-cache.write_through_threshold = 2  # init_hicache: 2 under write_through_selective
-cache.is_write_back = False
+rows, slots, cache, controller = unified_cache()
 
 
 def admit(req):
