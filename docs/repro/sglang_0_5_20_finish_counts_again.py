@@ -10,10 +10,9 @@ and the insert at finish (``cache_finished_req``) both count. So one request tha
 finishes takes its prompt's nodes to 2, and they are backed up as if two requests had shared
 them.
 
-The cache is built on a CPU as SGLang's ``init_hicache`` sets it up, its cache controller replaced
-by a stub that records each device-to-host copy (the copy needs CUDA; the decision to copy is
-SGLang's): ``unified_cache`` in sglang_stand_ins.py beside it. Exit 1 (and one line) when the
-release copies the prompt of the one request, 0 when it does not. Run it in a release environment:
+The cache is built on a CPU as ``init_hicache`` sets it up, its copies to host only recorded
+(sglang_stand_ins.py beside it). Exit 1 (and one line) when the release copies the prompt of
+the one request, 0 when it does not. Run it in a release environment:
 ``.sglang/0.5.20/bin/python docs/repro/sglang_0_5_20_finish_counts_again.py``.
 """
 

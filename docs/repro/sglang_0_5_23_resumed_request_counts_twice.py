@@ -7,10 +7,9 @@ the same request inserted before (``req.kv.cache_inserted_len``). ``Req.reset_fo
 sets that watermark back to 0, so one request that is retracted and resumes counts twice, and
 its prompt is backed up as if two requests had shared it.
 
-The cache is built on a CPU as SGLang's ``init_hicache`` sets it up, its cache controller replaced
-by a stub that records each device-to-host copy (the copy needs CUDA; the decision to copy is
-SGLang's): ``unified_cache`` in sglang_stand_ins.py beside it. Exit 1 (and one line) when the
-release copies the prompt of the one request, 0 when it does not. Run it in a release environment:
+The cache is built on a CPU as ``init_hicache`` sets it up, its copies to host only recorded
+(sglang_stand_ins.py beside it). Exit 1 (and one line) when the release copies the prompt of
+the one request, 0 when it does not. Run it in a release environment:
 ``.sglang/0.5.23/bin/python docs/repro/sglang_0_5_23_resumed_request_counts_twice.py``.
 """
 
