@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from kvgate.argtypes import positive
 from kvgate.gate.database import open_database
 from kvgate.gate.errors import UsageError, one_line
 
@@ -76,16 +77,6 @@ def minutes(text: str) -> float:
     return value
 
 
-def processes(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "fuzz",
@@ -103,7 +94,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "-n",
         "--processes",
-        type=processes,
+        type=positive,
         default=1,
         metavar="N",
         help="HypoFuzz's worker processes (default 1)",
