@@ -98,6 +98,7 @@ FAULTS = {
     "idle_with_jobs": "the scheduler went idle while the connector tracks job(s)",
     "defer_always": "lookup (answered None) with no transfer in flight",
     "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
+    "sources_unattributed": "; with full attention alone every token of the hit is loaded from",
     "tiers_ignored": "lets it load from cpu/local, cpu/remote, storage/local",
     # self-describing KV events (properties/engines/vllm/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",

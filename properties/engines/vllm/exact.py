@@ -26,6 +26,11 @@
   (load_tiers.py; where the release's context has these);
 - **reset passed on**: a reset of the connector's cache reaches the manager as exactly one
   ``reset_cache``;
+- **hit sources told right**: what the connector tells the engine of an admitted hit's tiers
+  (``get_external_cache_hit_sources``, read by vLLM's prefix-cache metrics) adds up to the hit,
+  holds positive counts only, names only tiers the manager named for the keys the request
+  loads (or ``external_unspecified``), and, with full attention alone, gives every token of
+  the hit to those tiers;
 - **shutdown passed on**: when the scheduler shuts down, a manager that has ``shutdown`` hears
   it exactly once (its threads and pinned memory are released there);
 - **never idle with work**: the scheduler goes idle (no request, no push work pending) only
@@ -55,6 +60,7 @@ from .layouts import offload_key
 from .load_tiers import told
 
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
+UNSPECIFIED = "external_unspecified"  # CacheHitSource's value for tokens of no known tier
 
 
 class ExactChecks:
@@ -119,6 +125,7 @@ class ExactChecks:
             return out
 
         conn.reset_cache = reset_cache_watched
+        self._watch_hit_sources()
         get_stats = getattr(conn, "get_stats", None)
         if get_stats is not None:
 
@@ -137,6 +144,62 @@ class ExactChecks:
                 return stats
 
             conn.get_stats = counted_get_stats
+
+    # ------------------------------------------------------------------ hit sources
+    def _watch_hit_sources(self) -> None:
+        """The tiers the connector tells the engine an admitted hit came from
+        (``get_external_cache_hit_sources``, where the release has it), beside the tiers the
+        manager named for the keys it loads (``get_load_source``, asked in that call)."""
+        conn, front = self.conn, self.engine.front
+        sources = getattr(conn, "get_external_cache_hit_sources", None)
+        source_of = getattr(front, "get_load_source", None)
+        if sources is None or source_of is None:
+            return
+        told: list[str] = []
+
+        def get_load_source(*args, **kwargs):
+            out = source_of(*args, **kwargs)
+            told.append(str(getattr(out, "value", out)))
+            return out
+
+        def get_external_cache_hit_sources(request, num_external_tokens, *args, **kwargs):
+            told.clear()
+            got = sources(request, num_external_tokens, *args, **kwargs)
+            self._judge_sources(request, num_external_tokens, got, set(told))
+            return got
+
+        front.get_load_source = get_load_source
+        conn.get_external_cache_hit_sources = get_external_cache_hit_sources
+
+    def _judge_sources(self, request: Any, hit: int, got: Any, told: set[str]) -> None:
+        """**hit sources told right**: the per-tier token counts of an admitted hit hold only
+        non-zero counts and add up to the hit; each tier named is one the manager named for a
+        key the request loads, or ``external_unspecified`` (tokens no loaded key covers); with
+        full attention alone every token of the hit is loaded, so it all comes from the tiers
+        the manager named (its one tier, for a CPU manager)."""
+        req = getattr(request, "request_id", "?")
+        counts = {str(getattr(k, "value", k)): v for k, v in dict(got or {}).items()}
+        shown = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "nothing"
+        head = f"the connector told the engine {req}'s hit of {hit} tokens came from {shown}"
+        if any(not isinstance(v, int) or v <= 0 for v in counts.values()):
+            return self.checks.fail(f"{head}; the counts are positive token counts only")
+        if sum(counts.values()) != hit:
+            return self.checks.fail(f"{head}, {sum(counts.values())} tokens in all")
+        unknown = set(counts) - told - {UNSPECIFIED}
+        if unknown:
+            return self.checks.fail(
+                f"{head}; the manager named {', '.join(sorted(told)) or 'no tier'} for the "
+                "keys the request loads"
+            )
+        layout = self.engine.setup.layout
+        plain = not layout.sliding and layout.recurrent is None and layout.eagle is None
+        if plain and told and UNSPECIFIED in counts:
+            self.checks.fail(
+                f"{head}; with full attention alone every token of the hit is loaded from a "
+                f"tier the manager named ({', '.join(sorted(told))})"
+            )
+        self.stats["hit sources told"] += 1
+        return None
 
     # ------------------------------------------------------------------ hits
     def _keys(self, request: Any, group: int = 0, every_hash: bool = False) -> list[bytes]:

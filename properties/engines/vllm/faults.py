@@ -184,6 +184,19 @@ def _tiers_ignored(conn: Any, engine: Any) -> None:
     conn.on_new_request = on_new_request
 
 
+def _sources_unattributed(conn: Any, engine: Any) -> None:
+    """The connector tells the engine every hit came from no known tier."""
+    _need("sources_unattributed", conn, "get_external_cache_hit_sources")
+    sources = conn.get_external_cache_hit_sources
+
+    def get_external_cache_hit_sources(request, num_external_tokens, *args, **kwargs):
+        got = sources(request, num_external_tokens, *args, **kwargs)
+        kind = type(next(iter(got))) if got else None
+        return {kind("external_unspecified"): num_external_tokens} if kind else got
+
+    conn.get_external_cache_hit_sources = get_external_cache_hit_sources
+
+
 def _shutdown_lost(conn: Any, engine: Any) -> None:
     _need("shutdown_lost", conn, "shutdown")
     conn.shutdown = lambda: None
@@ -417,6 +430,9 @@ FAULTS: dict[str, Fault] = {
         "the connector never says it has work pending: idle with jobs in flight",
         CONNECTOR,
         _idle_with_jobs,
+    ),
+    "sources_unattributed": Fault(
+        "every hit told to the engine as of no known tier", CONNECTOR, _sources_unattributed
     ),
     "shutdown_lost": Fault(
         "the connector's shutdown never reaches the manager", CONNECTOR, _shutdown_lost

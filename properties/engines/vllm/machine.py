@@ -102,6 +102,7 @@ LABELS = {
     "preemption": lambda e: e.get("preemptions", 0) > 0,
     "eviction": lambda e: e.get("evictions", 0) > 0,
     "load": lambda e: e.get("loads", 0) > 0,
+    "hit sources told": lambda e: e.get("hit sources told", 0) > 0,
     "CPU hit": lambda e: e.get("servable hits", 0) > 0,
     "lookup deferred": lambda e: e.get("deferred lookups timed", 0) > 0,
     "load capped by max_load_tokens": lambda e: e.get("capped hits", 0) > 0,
