@@ -36,7 +36,7 @@ BASE_PACKAGES = (
 _HUB_0 = ("tokenizers>=0.21,<0.22", "huggingface-hub<1.0", "kernels==0.9.0")
 PINS = {
     "0.5.18": ("transformers==5.12.1", "tokenizers==0.22.2", "huggingface-hub<2"),
-    "0.4.10.post2": ("transformers==4.54.1", *_HUB_0, "fastapi==0.116.1"),
+    "0.4.10.post2": ("transformers==4.54.1", *_HUB_0, "fastapi==0.116.1", "starlette<0.48"),
 }
 HIDDEN = {"0.5.18": ("kernels",)}
 STAND_INS = {"0.4.10.post2": ("sgl_kernel",)}
