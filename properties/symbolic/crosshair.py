@@ -59,7 +59,7 @@ class _EveryOfferCountsTracker(AdmissionTracker):
     """impl's tracker, told that the request has counted nothing yet; its record still grows."""
 
     def admit(self, offer, counted, skipped, is_resident):
-        fresh: set[bytes] = set()
+        fresh = set()  # the keys this offer counts, as if the request had counted none
         out = super().admit(offer, fresh, skipped, is_resident)
         counted |= fresh
         return out
