@@ -27,7 +27,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.connector_mutants import BUILD, VLLM_TESTS, release_python, run_vllm_tests  # noqa: E402
+from bench.connector_mutants import (  # noqa: E402 - needs ROOT on the path
+    BUILD,
+    VLLM_TESTS,
+    release_python,
+    run_vllm_tests,
+)
 
 MANAGER_TESTS = "tests/v1/kv_offload/cpu"
 GOAL = 1.5

@@ -69,8 +69,11 @@ def follows_vllm(found, path: str) -> str:
         if name == "vllm" or name.startswith("vllm."):
             return f"it derives from {name}.{base.__qualname__}"
     module = sys.modules.get(path.partition(":")[0])
-    if isinstance(found, type) and all(
-        hasattr(module, n) for n in ("ReqContext", "make_offload_key")
+    calls = ("lookup", "prepare_load", "prepare_store", "complete_store")  # a manager at all
+    if (
+        isinstance(found, type)
+        and all(hasattr(module, n) for n in ("ReqContext", "make_offload_key"))
+        and all(callable(getattr(found, n, None)) for n in calls)
     ):
         return "its module defines vLLM's ReqContext and make_offload_key"
     return ""

@@ -182,12 +182,12 @@ def test_a_campaign_finds_saves_where_ci_reads_and_says_so_in_one_line(tmp_path)
     ), out
     item = re.fullmatch(
         r"  tests/v1/kv_offload/test_kvgate.py::test_seed_bug\[mutant:every_offer_counts/manager\]"
-        r": ([\d,]+) test cases in \d+ s, 1 shrunk failure saved \(\d+ new\)",
+        r": ([\d,]+) test cases? in \d+ s, 1 shrunk failure saved \(\d+ new\)",
         lines[1],
     )
     assert item, out
     assert re.fullmatch(
-        r"kvgate fuzz: FOUND: 1 of 1 item failed \(\d+ new\) in [\d,]+ test cases \([\d.]+ min\); "
+        r"kvgate fuzz: FOUND: 1 of 1 item failed \(\d+ new\) in [\d,]+ test cases? \([\d.]+ min\); "
         rf"saved in {re.escape(fuzz.DEFAULT_DATABASE)}: a gate run naming it replays them first",
         lines[-1],
     ), out
