@@ -365,6 +365,7 @@ class ExactChecks:
                 f"the manager was asked {call} for {req_id} before on_new_request told it of "
                 "that request"
             )
+        self._counts_right(ctx, req_id, call)
 
     def _who(self, req_id: str) -> tuple:
         return (req_id, self.checks.generation, self.epoch.get(req_id, 0))
@@ -429,10 +430,12 @@ class ExactChecks:
             )
         done.update(keys)
 
-    def _told_right(self, keys: list[bytes], ctx: Any, req_id: str) -> None:
+    def _counts_right(self, ctx: Any, req_id: str, call: str = "prepare_store") -> bool:
+        """The context's token counts are the request's, at every call that names it while
+        the request lives (not only when it was made); False after the first that is not."""
         request = self.engine.sched.requests.get(req_id)
         if request is None:
-            return
+            return True
         for field in (
             "num_prompt_tokens",
             "num_tokens",
@@ -447,10 +450,15 @@ class ExactChecks:
                 said = f"nothing ({type(exc).__name__})"
             if said != getattr(request, field):
                 self.checks.fail(
-                    f"the manager's context of {req_id} says {field} {said}; the request has "
-                    f"{getattr(request, field)}"
+                    f"the manager's context of {req_id} says {field} {said} at {call}; the "
+                    f"request has {getattr(request, field)}"
                 )
-                return
+                return False
+        return True
+
+    def _told_right(self, keys: list[bytes], ctx: Any, req_id: str) -> None:
+        if not self._counts_right(ctx, req_id):
+            return
         position = getattr(ctx, "get_offload_key_position", None)
         if position is None:
             return

@@ -184,6 +184,28 @@ def _tiers_ignored(conn: Any, engine: Any) -> None:
     conn.on_new_request = on_new_request
 
 
+COUNTS = ("num_prompt_tokens", "num_tokens", "num_computed_tokens", "num_in_flight_tokens")
+
+
+def _context_frozen(conn: Any, engine: Any) -> None:
+    """Each request's context says the token counts its request had when it arrived."""
+    _need("context_frozen", conn, pn.REQ_STATUS, "on_new_request")
+    new_request = conn.on_new_request
+
+    def on_new_request(request, *args, **kwargs):
+        out = new_request(request, *args, **kwargs)
+        status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
+        ctx = getattr(status, "req_context", None)
+        if ctx is not None:
+            kind = type(ctx)
+            then = {f: getattr(ctx, f) for f in COUNTS if hasattr(kind, f)}
+            frozen = {f: property(lambda _self, v=v: v) for f, v in then.items()}
+            ctx.__class__ = type(f"Frozen{kind.__name__}", (kind,), frozen)
+        return out
+
+    conn.on_new_request = on_new_request
+
+
 def _sources_unattributed(conn: Any, engine: Any) -> None:
     """The connector tells the engine every hit came from no known tier."""
     _need("sources_unattributed", conn, "get_external_cache_hit_sources")
@@ -430,6 +452,9 @@ FAULTS: dict[str, Fault] = {
         "the connector never says it has work pending: idle with jobs in flight",
         CONNECTOR,
         _idle_with_jobs,
+    ),
+    "context_frozen": Fault(
+        "each request's context keeps its arrival's token counts", CONNECTOR, _context_frozen
     ),
     "sources_unattributed": Fault(
         "every hit told to the engine as of no known tier", CONNECTOR, _sources_unattributed
