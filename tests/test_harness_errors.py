@@ -93,3 +93,30 @@ def test_a_call_the_connector_needs_and_the_target_lacks_is_the_targets_countere
     assert blamed(e.value) is e.value and no_verdict(e.value, "the vllm-scheduler machine") == ""
     with pytest.raises(AttributeError, match="lookup_twice"):
         getattr(front, "lookup_twice")  # noqa: B009 - not a call of the interface: plain
+
+
+def test_a_policy_state_of_the_wrong_shape_is_the_targets_divergence():
+    """The adapter reads the policy's order off vLLM's policy internals (ARC's four lists, the
+    request-scoped LRU's ranks). A mutant of vLLM's ARC that sets a ghost list to ``None``
+    (its own code reads it only later) made that read raise inside kvgate, a "kvgate bug";
+    the internals are an answer like any other: checked for their shape first."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from kvgate.properties.answers import BadAnswer
+    from kvgate.properties.engines.vllm.adapter import VllmAdapter, VllmTypes
+    from tests import fake_vllm
+
+    def arc(**lists):
+        policy = SimpleNamespace(target_t1_size=0.0, **lists)
+        return SimpleNamespace(_policy=policy)
+
+    adapter = VllmAdapter(fake_vllm.FakeManager(2), VllmTypes.from_module(fake_vllm))
+    adapter.inner = arc(t1=OrderedDict(), t2=OrderedDict(), b1=OrderedDict(), b2=OrderedDict())
+    assert adapter.policy_state() == {"t1": [], "t2": [], "b1": [], "b2": [], "p": 0.0}
+    adapter.inner = arc(t1=OrderedDict(), t2=OrderedDict(), b1=None, b2=OrderedDict())
+    with pytest.raises(BadAnswer, match=r"the policy's order \(ARC's b1\) answered None"):
+        adapter.policy_state()
+    adapter.inner = SimpleNamespace(_policy=SimpleNamespace(_ranks=[b"k"]))
+    with pytest.raises(BadAnswer, match=r"the policy's order \(_ranks\) answered"):
+        adapter.policy_state()

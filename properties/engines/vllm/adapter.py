@@ -543,14 +543,33 @@ class VllmAdapter(Adapter):
         return len(free_list) + size - allocated
 
     def policy_state(self) -> dict | None:
+        """The policy's order as the model states it; its internals are checked for their
+        shape first, like any answer: a policy whose state is not what its own code reads
+        (an ARC list set to ``None``) is the target's divergence, not kvgate's error."""
         policy = self._policy
         ranks = self._internal(policy, "lru_ranks")
         if ranks is not None:
-            return {"lru": [self._back(k) for k in sorted(ranks, key=lambda k: (ranks[k], k))]}
+            try:  # a mapping whose ranks (ints, or tuples of them) order its keys
+                order = sorted(ranks.items(), key=lambda kr: (kr[1], kr[0]))
+            except (AttributeError, TypeError):
+                raise answers.bad(
+                    f"the policy's order ({INTERNALS['lru_ranks']})",
+                    answers.shown(ranks),
+                    "a mapping of keys to ranks that order them",
+                ) from None
+            return {"lru": [self._back(k) for k, _ in order]}
         p = self._internal(policy, "arc_target")
         if p is None:
             return None
-        return {**{n: self._backs(getattr(policy, n)) for n in ("t1", "t2", "b1", "b2")}, "p": p}
+        lists = {n: getattr(policy, n, None) for n in ("t1", "t2", "b1", "b2")}
+        for name, keys in lists.items():
+            if not isinstance(keys, Iterable) or isinstance(keys, (str, bytes)):
+                raise answers.bad(
+                    f"the policy's order (ARC's {name})",
+                    answers.shown(keys),
+                    "an ordered collection of keys",
+                )
+        return {**{n: self._backs(keys) for n, keys in lists.items()}, "p": p}
 
 
 def recency_of(manager: Any) -> str | None:
