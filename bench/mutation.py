@@ -267,6 +267,47 @@ def run(suite: Suite, max_children: int) -> dict:
     return collect(suite, where, seconds, max_children, mutmut, commit)
 
 
+def again(suite: Suite, result: dict) -> dict:
+    """Run the suite's mutants that had no verdict once more, each in one pytest process on
+    the staged tree with kvgate's code refreshed from this tree (after a fix of what their
+    ledger lines name): a counterexample now makes it a kill, another no-verdict line keeps
+    it apart, a pass makes it a survivor. The result records which commit they ran at."""
+    where = STAGE / suite.name / "mutants"
+    for part in ("impl", "model", "properties"):
+        shutil.copytree(ROOT / part, where / "kvgate" / part, ignore=_ignore, dirs_exist_ok=True)
+    python = str(release_python(suite)) if suite.vllm else sys.executable
+    env = {**os.environ, "PYTHONHASHSEED": "0", **dict(suite.env)}
+    env.pop("HYPOTHESIS_PROFILE", None)
+    env.pop("VIRTUAL_ENV", None)
+    commit = _commit()
+    for name in sorted(result.get("no_verdict", {})):
+        ledger = STAGE / suite.name / "again" / name
+        shutil.rmtree(ledger, ignore_errors=True)
+        env.update(MUTANT_UNDER_TEST=name, KVGATE_NO_VERDICT_LEDGER=str(ledger))
+        args = ["-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+        done = subprocess.run(
+            [python, *args, *suite.tests], cwd=where, env=env, text=True, capture_output=True
+        )
+        row = result["no_verdict"][name]
+        lines = [f"{r['test']}: {r['line']}" for rs in read_ledger(ledger).values() for r in rs]
+        if done.returncode == 1:
+            status = "killed"
+        elif lines:
+            status = NO_VERDICT
+        else:
+            status = "survived"
+        row["again"] = {"commit": commit, "status": status, "lines": lines}
+        print(suite.name, name, "again:", status, flush=True)
+        if status != NO_VERDICT:
+            result["no_verdict"].pop(name)
+            result["counts"][NO_VERDICT] -= 1
+            result["counts"][status] = result["counts"].get(status, 0) + 1
+            result.setdefault("again", {})[name] = {**row["again"], "was": row["lines"]}
+            if status == "survived":
+                result["survivors"][name] = row["diff"]
+    return result
+
+
 def _diff(where: Path, name: str, mutmut: str) -> str:
     out = subprocess.run([mutmut, "show", name], cwd=where, text=True, capture_output=True)
     lines = [
@@ -540,9 +581,17 @@ def _no_verdict_rows(result: dict) -> list[str]:
     """The runs with no verdict (exit 2), apart from kills and survivors, each with its line."""
     if "no_verdict" not in result:
         return ["Runs with no verdict (exit 2): not recorded (an older version of the bench).", ""]
+    out = []
+    if result.get("again"):
+        out += ["Run again after a fix of kvgate (`--again`), no verdict before:", ""]
+        out += ["| mutant | its line before | now | at commit |", "|---|---|---|---|"]
+        for name, row in sorted(result["again"].items()):
+            was = "<br>".join(x.replace("|", "/") for x in row["was"])
+            out.append(f"| `{name}` | {was} | {row['status']} | {row['commit']} |")
+        out.append("")
     if not result["no_verdict"]:
-        return ["Runs with no verdict (exit 2): none.", ""]
-    out = ["Runs with no verdict (exit 2), not counted as kills:", ""]
+        return [*out, "Runs with no verdict (exit 2): none.", ""]
+    out += ["Runs with no verdict (exit 2), not counted as kills:", ""]
     out += ["| mutant | change | the line |", "|---|---|---|"]
     for name, row in sorted(result["no_verdict"].items()):
         lines = "<br>".join(x.replace("|", "/") for x in row["lines"])
@@ -570,6 +619,12 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--report", action="store_true", help="rewrite docs/mutation.md from the recorded JSON"
     )
+    ap.add_argument(
+        "--again",
+        action="store_true",
+        help="with --suite: run that suite's no-verdict mutants again on its staged tree, "
+        "kvgate's code refreshed from this tree (after a fix), and record what they give",
+    )
     args = ap.parse_args(argv)
     if args.max_children < 1:
         ap.error(f"argument --max-children: must be >= 1, got {args.max_children}")
@@ -580,6 +635,12 @@ def main(argv=None) -> int:
             if why:
                 ap.error(why)
     results = load_results()
+    if args.again:
+        for name in names:
+            if name not in results or not (STAGE / name / "mutants").is_dir():
+                ap.error(f"--again: suite {name} has no recorded run with its staged tree here")
+            results = {**load_results(), name: again(SUITES[name], results[name])}
+            RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     if args.run:
         for name in names:
             done = run(SUITES[name], args.max_children)
@@ -587,7 +648,7 @@ def main(argv=None) -> int:
             results = {**load_results(), name: done}
             RESULTS.parent.mkdir(parents=True, exist_ok=True)
             RESULTS.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    if args.run or args.report:
+    if args.run or args.report or args.again:
         write_report(results)
     print(table(results))
     print()
