@@ -54,3 +54,34 @@ class HeapNeverCompacted(SkipCountedOnce):
         super().__init__(*args, **kwargs)
         if hasattr(self._policy, "_maybe_compact_heap"):  # LRU; ARC keeps no heap
             self._policy._maybe_compact_heap = _never
+
+
+# The four manager mutants of issue 48: each answers what its interface does not allow, and
+# kvgate once reported the adapter's crash on it as its own bug; each is the target's
+# counterexample (tests/test_upstream.py).
+class SpecHelperNone(SkipCountedOnce):
+    """Its load/store spec helper returns ``None``: a store's output carries no spec."""
+
+    def _get_load_store_spec(self, keys, chunks):
+        return None
+
+
+class PrepareLoadNothing(SkipCountedOnce):
+    """``prepare_load`` returns nothing (the call's return dropped)."""
+
+    def prepare_load(self, keys, req_context):
+        super().prepare_load(keys, req_context)
+
+
+class InnerPrepareLoadNone(SkipCountedOnce):
+    """The internal ``_prepare_load`` returns ``None``, which ``prepare_load`` passes on."""
+
+    def _prepare_load(self, keys, req_context, **kwargs):
+        super()._prepare_load(keys, req_context, **kwargs)
+
+
+class ConfigInfoNothing(SkipCountedOnce):
+    """``config_info()`` returns nothing."""
+
+    def config_info(self):
+        super().config_info()
