@@ -561,15 +561,17 @@ class VllmAdapter(Adapter):
         p = self._internal(policy, "arc_target")
         if p is None:
             return None
-        lists = {n: getattr(policy, n, None) for n in ("t1", "t2", "b1", "b2")}
-        for name, keys in lists.items():
+        state: dict[str, Any] = {}
+        for name in ("t1", "t2", "b1", "b2"):
+            keys = getattr(policy, name, None)
             if not isinstance(keys, Iterable) or isinstance(keys, (str, bytes)):
                 raise answers.bad(
                     f"the policy's order (ARC's {name})",
                     answers.shown(keys),
                     "an ordered collection of keys",
                 )
-        return {**{n: self._backs(keys) for n, keys in lists.items()}, "p": p}
+            state[name] = self._backs(keys)
+        return {**state, "p": p}
 
 
 def recency_of(manager: Any) -> str | None:
