@@ -72,6 +72,7 @@ def follows_vllm(found, path: str) -> str:
     calls = ("lookup", "prepare_load", "prepare_store", "complete_store")  # a manager at all
     if (
         isinstance(found, type)
+        and not issubclass(found, OffloadingManager)  # kvgate's own manager, extended
         and all(hasattr(module, n) for n in ("ReqContext", "make_offload_key"))
         and all(callable(getattr(found, n, None)) for n in calls)
     ):

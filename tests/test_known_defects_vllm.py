@@ -68,7 +68,10 @@ def test_0_34_0_with_the_skip_metric_known_passes_under_xdist_and_k(tmp_path):
     if "0.34.0" not in releases():
         pytest.skip("0.34.0 is not gated")
     root = scratch(tmp_path, mended=True)
-    code, out = pytest_in("0.34.0", root, "-n", "2")
+    # A smaller budget than ci's 600 for the suite's time: whether the defect is still there
+    # is decided by its witness after the run, whatever the budget (properties/known.py).
+    budget = ("--kvgate-max-examples", "150")
+    code, out = pytest_in("0.34.0", root, "-n", "2", *budget)
     assert code == 1, out
     assert outcomes(out) == {
         "test_cpu_offloading_manager[vllm/manager]": "PASSED",
@@ -80,7 +83,7 @@ def test_0_34_0_with_the_skip_metric_known_passes_under_xdist_and_k(tmp_path):
     stale = out.split("_ test_mended[")[1]
     assert "gone: its witness now agrees with the model, so the run fails; remove" in stale, stale
 
-    code, out = pytest_in("0.34.0", root, "-k", "offloading and vllm/manager")
+    code, out = pytest_in("0.34.0", root, "-k", "offloading and vllm/manager", *budget)
     assert code == 0, out
     assert outcomes(out) == {"test_cpu_offloading_manager[vllm/manager]": "PASSED"}, out
     assert "3 deselected" in out, out
