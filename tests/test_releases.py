@@ -98,6 +98,8 @@ def test_vllms_scheduler_machine_on_a_connector_it_cannot_drive_is_no_verdict(ve
         "--keep-going",
         "--profile",
         "ci",
+        "--max-examples",  # the other machines' verdicts are not what this test reads
+        "50",
     )
     out = done.stdout + done.stderr
     assert "kvgate's own code" not in out and "FAIL  vllm-scheduler" not in out, out
