@@ -236,16 +236,23 @@ def _mutmut_found() -> bool:
     return _mutmut() is not None
 
 
-def run(suite: Suite, max_children: int) -> dict:
-    commit = _commit()  # the tree as staged: later commits during a long run are not in it
-    where = stage(suite)
-    mutmut = _mutmut(release_python(suite).parent if suite.vllm else None)
+def _suite_env(suite: Suite) -> dict[str, str]:
+    """The environment a suite's tests run in: one hash seed, no profile from outside; a vLLM
+    suite's settings, and its release's environment first on PATH."""
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("HYPOTHESIS_PROFILE", None)
     if suite.vllm:
         env.update(suite.env)
         env.pop("VIRTUAL_ENV", None)
         env["PATH"] = f"{release_python(suite).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def run(suite: Suite, max_children: int) -> dict:
+    commit = _commit()  # the tree as staged: later commits during a long run are not in it
+    where = stage(suite)
+    mutmut = _mutmut(release_python(suite).parent if suite.vllm else None)
+    env = _suite_env(suite)
     ledger = where / NO_VERDICT_LEDGER  # runs with no verdict (exit 2), listed apart
     shutil.rmtree(ledger, ignore_errors=True)
     env["KVGATE_NO_VERDICT_LEDGER"] = str(ledger)
@@ -276,9 +283,7 @@ def again(suite: Suite, result: dict) -> dict:
     for part in ("impl", "model", "properties"):
         shutil.copytree(ROOT / part, where / "kvgate" / part, ignore=_ignore, dirs_exist_ok=True)
     python = str(release_python(suite)) if suite.vllm else sys.executable
-    env = {**os.environ, "PYTHONHASHSEED": "0", **dict(suite.env)}
-    env.pop("HYPOTHESIS_PROFILE", None)
-    env.pop("VIRTUAL_ENV", None)
+    env = _suite_env(suite)
     commit = _commit()
     for name in sorted(result.get("no_verdict", {})):
         ledger = STAGE / suite.name / "again" / name

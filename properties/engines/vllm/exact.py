@@ -61,6 +61,8 @@ from .load_tiers import told
 
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
 UNSPECIFIED = "external_unspecified"  # CacheHitSource's value for tokens of no known tier
+# what a request context says of its request (where the release's context has them)
+TOKEN_COUNTS = ("num_prompt_tokens", "num_tokens", "num_computed_tokens", "num_in_flight_tokens")
 
 
 class ExactChecks:
@@ -436,12 +438,7 @@ class ExactChecks:
         request = self.engine.sched.requests.get(req_id)
         if request is None:
             return True
-        for field in (
-            "num_prompt_tokens",
-            "num_tokens",
-            "num_computed_tokens",
-            "num_in_flight_tokens",
-        ):
+        for field in TOKEN_COUNTS:
             if not hasattr(type(ctx), field):  # a release whose context has no token counts
                 continue
             try:

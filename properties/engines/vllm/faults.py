@@ -23,7 +23,7 @@ from typing import Any
 from . import private_names as pn
 from .bytes_worker import BytesWorker
 from .event_payload import Publisher
-from .exact import ALLOCATION_FAILURE
+from .exact import ALLOCATION_FAILURE, TOKEN_COUNTS
 from .front import Front
 from .load_tiers import LOAD_TIERS
 from .lookup_metrics import ASYNC_DELAY
@@ -184,9 +184,6 @@ def _tiers_ignored(conn: Any, engine: Any) -> None:
     conn.on_new_request = on_new_request
 
 
-COUNTS = ("num_prompt_tokens", "num_tokens", "num_computed_tokens", "num_in_flight_tokens")
-
-
 def _context_frozen(conn: Any, engine: Any) -> None:
     """Each request's context says the token counts its request had when it arrived."""
     _need("context_frozen", conn, pn.REQ_STATUS, "on_new_request")
@@ -198,7 +195,7 @@ def _context_frozen(conn: Any, engine: Any) -> None:
         ctx = getattr(status, "req_context", None)
         if ctx is not None:
             kind = type(ctx)
-            then = {f: getattr(ctx, f) for f in COUNTS if hasattr(kind, f)}
+            then = {f: getattr(ctx, f) for f in TOKEN_COUNTS if hasattr(kind, f)}
             frozen = {f: property(lambda _self, v=v: v) for f, v in then.items()}
             ctx.__class__ = type(f"Frozen{kind.__name__}", (kind,), frozen)
         return out
