@@ -70,7 +70,7 @@ def test_0_34_0_with_the_skip_metric_known_passes_under_xdist_and_k(tmp_path):
     root = scratch(tmp_path, mended=True)
     # A smaller budget than ci's 600 for the suite's time: whether the defect is still there
     # is decided by its witness after the run, whatever the budget (properties/known.py).
-    budget = ("--kvgate-max-examples", "150")
+    budget = ("--kvgate-max-examples", "60")
     code, out = pytest_in("0.34.0", root, "-n", "2", *budget)
     assert code == 1, out
     assert outcomes(out) == {
