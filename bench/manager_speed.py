@@ -357,6 +357,8 @@ def measure_releases(level, found, missing, policies=("lru", "arc"), progress=No
 
     spec = LEVELS[level][0]
     rows, why = [], []
+    if level == "smoke":  # a test that the table is built: the first release CI gates alone
+        found, missing = found[:1], []
     for version, python in found:
         if progress:
             progress(f"vLLM {version}: measuring in {python}")

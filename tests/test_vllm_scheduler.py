@@ -63,7 +63,9 @@ RESET_TWICE = (
 )
 EXPECTED = {
     "0.33.0": {
-        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
+        # unshrunk, the seed's bug may show first as a skip overcount (each retry's skip
+        # counted: 7 where the rule says 1 on the ci run)
+        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, SKIPS},
         "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
         "max_steps": 12,
         "cold": True,
@@ -171,11 +173,14 @@ def in_release(version: str, *runs: tuple, seed: bool = False, window_reset: boo
 @pytest.mark.vllm
 @pytest.mark.parametrize("version", releases())
 def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
-    """The ``ci`` verdict, shrunk, with KV events off and drawn; and the cold-admission check
-    alone (no oracle) on the seed's preemption scenario: it catches 0.33.0's own manager and
-    lets 0.34.0's pass."""
+    """The ``ci`` verdict with KV events off (vLLM's default; its first failure, unshrunk: the
+    reason is what is asserted) and with them drawn (shrunk: the step bound); and the
+    cold-admission check alone (no oracle) on the seed's preemption scenario: it catches
+    0.33.0's own manager and lets 0.34.0's pass. (Shrinking the events-off run too cost 45 s of
+    the suite's 10 minutes on 0.34.0; README's shrunk verdict is checked by hand, and the
+    manager machines' shrunk verdicts by tests/test_upstream.py.)"""
     got = in_release(
-        version, ("vllm", "ci", None, False, False), ("vllm", "ci", None, False, None), seed=True
+        version, ("vllm", "ci", None, True, False), ("vllm", "ci", None, False, None), seed=True
     )
     (off, drawn), seed = got["runs"], got["seed"]
     assert seed["preemptions"] == 1 and seed["re_offers"] >= 1, seed
@@ -186,10 +191,11 @@ def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
     for run, reasons in ((off, want["off"]), (drawn, want["drawn"])):
         assert not run["passed"], run
         assert run["why"] in reasons, run
-        assert 1 <= run["steps"] <= want["max_steps"], run
+    assert 1 <= drawn["steps"] <= want["max_steps"], drawn
+    assert "kv_events=False" in "\n".join(off["program"]), off
     # Printed as engine events a person can follow: the set-up, then requests and steps.
-    program = "\n".join(off["program"])
-    assert "state.setup(" in program and "kv_events=False" in program, program
+    program = "\n".join(drawn["program"])
+    assert "state.setup(" in program and "kv_events=" in program, program
     assert "state.add_request(blocks=" in program and "state.step(n=" in program, program
     if want["cold"]:
         assert seed["failure"].startswith("cold admission: "), seed
