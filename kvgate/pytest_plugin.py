@@ -527,6 +527,7 @@ def pytest_collection_finish(session):
     (so a campaign's finds are what a run replays)."""
     for line in unused_options(session.config, session.items):
         session.config.issue_config_time_warning(pytest.PytestConfigWarning(f"kvgate: {line}"), 2)
+    _order_for_xdist(session)
     if not _fuzzing(session.config):
         return
     from kvgate.properties.search.hypothesis_private import let_hypofuzz_save_shrunk_failures
@@ -539,6 +540,29 @@ def pytest_collection_finish(session):
         func = item.obj.__func__
         func._hypothesis_state_machine_class = _fuzz_machine(c)
         func._hypothesis_internal_use_settings = c.settings
+
+
+def _order_for_xdist(session) -> None:
+    """In an xdist worker, a small session's items in the order whose first round-robin
+    hand-out (``--dist load``, the default) balances the workers (kvgate/xdist_order.py). Every
+    worker collects the same items and orders them the same way, before xdist sends the ids on.
+    (A worker cannot tell the controller's ``--dist``; the other modes keep their balance under
+    any order: each runs all, worksteal moves what waits, loadscope and loadfile group.)"""
+    workerinput = getattr(session.config, "workerinput", None)
+    if workerinput is None:
+        return
+    if not any(isinstance(item, GateItem) for item in session.items):
+        return
+    from kvgate.xdist_order import MACHINE_COST, balanced
+
+    def cost(item) -> float:
+        if not isinstance(item, GateItem):
+            return 1.0
+        c = item.case
+        return 0.0 if c.error or c.left_out else MACHINE_COST.get(c.machine, 1.0)
+
+    order = balanced([cost(item) for item in session.items], int(workerinput["workercount"]))
+    session.items[:] = [session.items[i] for i in order]
 
 
 def _fuzzing(config: pytest.Config) -> bool:

@@ -243,3 +243,21 @@ def test_a_class_is_gated_through_the_interface_it_derives_from():
     assert target_spec(patched) == "vllm=mypkg.managers:Patched"
     assert target_spec(OffloadingManager) == "kvgate.impl.manager:OffloadingManager"
     assert target_spec("vllm") == "vllm"
+
+
+def test_under_xdist_a_small_gate_is_handed_out_longest_first(tmp_path):
+    """Three items under ``-n 2``: xdist hands them out round-robin, so the plugin orders them
+    (kvgate/xdist_order.py) to give the two costlier (the manager machines) a worker each; in
+    collection order the first and the last, both manager machines, would share one."""
+    (tmp_path / "test_gate.py").write_text(
+        "from kvgate.pytest_plugin import gate\n"
+        'test_lru = gate("impl:lru", machines="manager,scheduler")\n'
+        'test_arc = gate("impl:arc", machines="manager")\n'
+    )
+    code, out = pytest_run(tmp_path, "-v", "-n", "2", "--kvgate-max-examples", "3", ".")
+    assert code == 0, out
+    found = re.findall(r"^\[(gw\d)\] .*PASSED \S*::(test_\w+\[\S+\])", out, re.M)
+    ran = {item: worker for worker, item in found}
+    managers = ("test_lru[impl:lru/manager]", "test_arc[impl:arc/manager]")
+    assert sorted(ran) == sorted((*managers, "test_lru[impl:lru/scheduler]")), out
+    assert ran[managers[0]] != ran[managers[1]], out
