@@ -16,7 +16,9 @@ days on a CPU. So the sample is drawn like this, the same way for every release:
    annotations are not listed (their mutants change no behaviour a test can see).
 2. From each function's points one is drawn, by ``random.Random(f"{SEED}:{qualname}")``: the
    draw for a function depends only on the seed, its name and its own points, so a function
-   unchanged between releases gets the same mutant in both.
+   unchanged between releases gets the same mutant in both. The first sample is seed 30; a
+   second, seed 4507 (``SEED=4507`` in the environment), was drawn after the properties it
+   measures were written, and its results are kept apart (``connector-VERSION-seed4507-*``).
 
 A mutant is the whole file, re-printed from the mutated tree (``ast.unparse``: comments go,
 behaviour stays). ``install(path)`` loads it under the module's real name in place of the
@@ -46,7 +48,9 @@ from typing import Any
 from bench.report_page import write_cited
 
 MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler"
-SEED = 30  # issue 30
+SEED = 30  # issue 30: the first sample
+# issue 45: a second sample, drawn after the properties it measures were written (SEED=4507)
+SECOND_SEED = 4507
 
 _COMPARE = {
     ast.Eq: ast.NotEq,
@@ -472,18 +476,25 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: int) -> dict:
     }
 
 
-def run_suite(version: str, sides=("vllm", "kvgate"), jobs: int = 1, rerun: bool = False) -> dict:
+def sample_name(version: str, seed: int = SEED) -> str:
+    """A sample's name in file names: the release, and the seed unless it is the first."""
+    return version if seed == SEED else f"{version}-seed{seed}"
+
+
+def run_suite(
+    version: str, sides=("vllm", "kvgate"), jobs: int = 1, rerun: bool = False, seed: int = SEED
+) -> dict:
     """Every drawn mutant of ``version``'s connector scheduler against each side; the results
-    are written to bench/results/connector-VERSION-SIDES.json as they come; a mutant that already
+    are written to bench/results/connector-SAMPLE-SIDES.json as they come; a mutant that already
     has a verdict for a side keeps it unless ``rerun``."""
     source = installed_source(version)
-    mutants = sample(source)
-    folder = BUILD / "mutants" / version
+    mutants = sample(source, seed)
+    folder = BUILD / "mutants" / sample_name(version, seed)
     folder.mkdir(parents=True, exist_ok=True)
     # one file per release and side: the two sides may run at once, in separate processes
-    out_file = RESULTS / f"connector-{version}-{'-'.join(sides)}.json"
+    out_file = RESULTS / f"connector-{sample_name(version, seed)}-{'-'.join(sides)}.json"
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
-    result.update(version=version, seed=SEED, drawn=len(mutants), points=len(points(source)))
+    result.update(version=version, seed=seed, drawn=len(mutants), points=len(points(source)))
     rows = {r["name"]: r for r in result.get("mutants", [])}
     for m in mutants:
         rows.setdefault(m.name, {"name": m.name, "function": m.function, "kind": m.kind})
@@ -528,7 +539,7 @@ def run_suite(version: str, sides=("vllm", "kvgate"), jobs: int = 1, rerun: bool
         todo = sorted(mutants, key=lambda m: bool((rows[m.name].get(side) or {}).get("killed")))
         if side == "kvgate" and os.environ.get("PAIRED") == "1":
             # only the mutants vLLM's tests have already run (a run cut short by the clock)
-            other = RESULTS / f"connector-{version}-vllm.json"
+            other = RESULTS / f"connector-{sample_name(version, seed)}-vllm.json"
             have = {r["name"] for r in json.loads(other.read_text())["mutants"] if "vllm" in r}
             todo = [m for m in mutants if m.name in have]
         with ThreadPoolExecutor(jobs) as pool:
@@ -546,11 +557,11 @@ def run_suite(version: str, sides=("vllm", "kvgate"), jobs: int = 1, rerun: bool
 
 
 # --------------------------------------------------------------------------- the report
-def load(version: str) -> dict:
-    """Both sides' results for ``version``, merged by mutant."""
+def load(version: str, seed: int = SEED) -> dict:
+    """Both sides' results for ``version``'s sample, merged by mutant."""
     merged: dict = {"version": version, "mutants": {}}
     for side in ("vllm", "kvgate"):
-        path = RESULTS / f"connector-{version}-{side}.json"
+        path = RESULTS / f"connector-{sample_name(version, seed)}-{side}.json"
         if not path.exists():
             continue
         data = json.loads(path.read_text())
@@ -562,16 +573,16 @@ def load(version: str) -> dict:
     return merged
 
 
-def verdicts(version: str) -> dict[str, dict]:
+def verdicts(version: str, seed: int = SEED) -> dict[str, dict]:
     import tomllib
 
     path = ROOT / "docs" / "mutation-verdicts.toml"
     data = tomllib.loads(path.read_text()) if path.exists() else {}
-    return data.get(f"connector-{version}", {})
+    return data.get(f"connector-{sample_name(version, seed)}", {})
 
 
-def markdown(version: str) -> str:
-    data = load(version)
+def markdown(version: str, seed: int = SEED) -> str:
+    data = load(version, seed)
     rows = list(data["mutants"].values())
     done = [r for r in rows if "vllm" in r and "kvgate" in r]
     by_v = sum(r["vllm"]["killed"] for r in done)
@@ -579,7 +590,7 @@ def markdown(version: str) -> str:
     both = sum(r["vllm"]["killed"] and r["kvgate"]["killed"] for r in done)
     only_k = [r for r in done if r["kvgate"]["killed"] and not r["vllm"]["killed"]]
     only_v = [r for r in done if r["vllm"]["killed"] and not r["kvgate"]["killed"]]
-    told = verdicts(version)
+    told = verdicts(version, seed)
     out = [
         f"### Connector suite, vLLM {version}: {len(done)} of {data.get('drawn')} drawn mutants "
         f"run on both sides ({data.get('points')} mutation points in the file, seed "
@@ -634,14 +645,17 @@ REPORT_BEGIN = "<!-- generated by python -m bench.connector_mutants --report: be
 REPORT_END = "<!-- generated by python -m bench.connector_mutants --report: end -->"
 
 
-def write_report(versions=("0.34.0", "0.33.0")) -> None:
+def write_report(versions=("0.34.0", "0.33.0"), seeds=(SEED, SECOND_SEED)) -> None:
     """Rewrite the generated part of docs/mutation.md's connector section from the results."""
     doc = ROOT / "docs" / "mutation.md"
     text = doc.read_text()
     head, _, rest = text.partition(REPORT_BEGIN)
     _, _, tail = rest.partition(REPORT_END)
     body = "\n".join(
-        markdown(v) for v in versions if (RESULTS / f"connector-{v}-vllm.json").exists()
+        markdown(v, seed)
+        for seed in seeds
+        for v in versions
+        if (RESULTS / f"connector-{sample_name(v, seed)}-vllm.json").exists()
     )
     write_cited(doc, f"{head}{REPORT_BEGIN}\n{body}{REPORT_END}{tail}")
 
@@ -652,5 +666,7 @@ if __name__ == "__main__":
         raise SystemExit(0)
     version, *which = sys.argv[1:]
     jobs = int(os.environ.get("JOBS", "1"))
+    seed = int(os.environ.get("SEED", str(SEED)))  # SEED=4507: the second sample
     # RERUN=1: every mutant again, the baseline too (a later tree of kvgate, or of the bench)
-    run_suite(version, tuple(which) or ("vllm", "kvgate"), jobs, os.environ.get("RERUN") == "1")
+    rerun = os.environ.get("RERUN") == "1"
+    run_suite(version, tuple(which) or ("vllm", "kvgate"), jobs, rerun, seed)

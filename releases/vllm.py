@@ -26,6 +26,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from releases import forkserver
+
 ROOT = Path(__file__).resolve().parents[1]
 RELEASES_FILE = ROOT / ".ci" / "vllm-releases.txt"
 
@@ -106,9 +108,8 @@ def run_python(python: Path, *args: str, timeout: int = 900) -> subprocess.Compl
     }
     env["CI"] = "true"
     env["PYTHONHASHSEED"] = "0"
-    return subprocess.run(
-        [str(python), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    # forked from a server that has imported torch and vLLM once (releases/forkserver.py)
+    return forkserver.run(python, args, env, ROOT, timeout)
 
 
 def run_in(version: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
