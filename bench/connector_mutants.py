@@ -434,6 +434,7 @@ def stage() -> Path:
         for part in ("impl", "model", "properties"):
             shutil.copytree(ROOT / part, where / "kvgate" / part, ignore=_ignore)
         shutil.copytree(ROOT / "tests", where / "tests", ignore=_ignore)
+        shutil.copytree(ROOT / "releases", where / "releases", ignore=_ignore)  # the mends
         shutil.copy2(ROOT / "conftest.py", where / "conftest.py")
         shutil.copy2(ROOT / "pyproject.toml", where / "pyproject.toml")
         _STAGED = where
