@@ -57,7 +57,7 @@ def child(req):
         os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
     code = 0
     try:
-        import runpy, sys
+        import runpy
         args = req["args"]
         if args[0] == "-c":
             sys.argv = ["-c", *args[2:]]
@@ -190,10 +190,14 @@ def run(
     """``python ARGS`` as ``subprocess.run(..., capture_output=True, text=True)`` would give it,
     forked from the warm server where ``ARGS`` is ``-c CODE ...`` or ``-m MODULE ...``."""
     plain = [str(python), *args]
-    if os.environ.get("KVGATE_NO_FORKSERVER") == "1" or args[:1] not in (("-c",), ("-m",)):
+
+    def as_subprocess() -> subprocess.CompletedProcess:
         return subprocess.run(
             plain, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
         )
+
+    if os.environ.get("KVGATE_NO_FORKSERVER") == "1" or args[:1] not in (("-c",), ("-m",)):
+        return as_subprocess()
     with tempfile.TemporaryDirectory(prefix="kvgate-fork-") as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         req = {
@@ -206,10 +210,8 @@ def run(
         }
         try:
             answer = _server(python, env, cwd).ask(req)
-        except (_Busy, RuntimeError, OSError):
-            return subprocess.run(
-                plain, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-            )
+        except (_Busy, RuntimeError, OSError):  # busy with another thread's, or gone
+            return as_subprocess()
         stdout = out.read_text(errors="replace") if out.exists() else ""
         stderr = err.read_text(errors="replace") if err.exists() else ""
     if answer.get("timeout"):
