@@ -84,7 +84,9 @@ FAULTS = {
     # a later group's blocks left unwritten: its attention tokens or, on the hybrid layout, the
     # recurrent state it continues from, whichever the drawn layout reads first
     "load_one_group": (" of group 1 (tokens ", "continues its recurrent state from "),
-    "skip_block_copies": " computes with GPU block ",
+    # the copies skipped are seen by the next batch that computes with the block, or by the
+    # next store that reads it, whichever runs first
+    "skip_block_copies": (" computes with GPU block ", " read GPU block "),
     # the connector's scheduler side, exactly (properties/engines/vllm/exact.py)
     "phantom_hit": "phantom hit: the connector reported",
     "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
@@ -93,9 +95,12 @@ FAULTS = {
     "ignore_max_load": "phantom hit: the connector reported",
     "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
     "lock_left_held": "the manager's lock is still held after the step's metadata was built",
+    "region_split": "the connector let the manager's lock go inside one schedule(), after ",
     "window_last_token": "phantom hit: the connector reported",
     "drafter_unproven": "phantom hit: the connector reported",
     "reset_lost": "and its manager heard reset_cache 0 time(s)",
+    "reset_keeps_progress": "never offered to the manager since it last started at chunk 0",
+    "session_keys_frozen": "never offered to the manager since it last started at chunk 0",
     "info_every_time": "the connector asked its manager's config_info 2 times",
     "idle_with_jobs": "the scheduler went idle while the connector tracks job(s)",
     "defer_always": "lookup (answered None) with no transfer in flight",

@@ -138,7 +138,8 @@ class VllmEngine:
             describe=lambda t: self.describe(t),
         )
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
-        self._learned: dict[str, int] = {}  # req -> block hashes already learned
+        # req -> block hashes already learned, and the last of them
+        self._learned: dict[str, tuple[int, Any]] = {}
         self._by_external: dict[tuple[Any, int], list[bytes]] = {}  # (event hash, group) -> key
         self.describe: Callable[[tuple[int, ...]], str] = lambda t: repr(list(t))
         self.move_bytes = move_bytes
@@ -215,10 +216,12 @@ class VllmEngine:
         for req in self.sched.requests.values():
             tokens = None
             hashes = req.block_hashes
-            learned = self._learned.get(req.request_id, 0)
+            learned, last = self._learned.get(req.request_id, (0, None))
+            if learned and (learned > len(hashes) or hashes[learned - 1] != last):
+                learned = 0  # a streaming session's next input: its last block hashed again
             if learned >= len(hashes):
                 continue
-            self._learned[req.request_id] = len(hashes)
+            self._learned[req.request_id] = (len(hashes), hashes[-1])
             for i in range(learned, len(hashes)):
                 block_hash = hashes[i]
                 if (i + 1) % per_key:
@@ -235,11 +238,19 @@ class VllmEngine:
 
     # --- engine events
     def add_request(
-        self, req_id: str, tokens: list[int], max_tokens: int, max_load: int | str | None = None
+        self,
+        req_id: str,
+        tokens: list[int],
+        max_tokens: int,
+        max_load: int | str | None = None,
+        resumable: bool = False,
     ) -> Any:
         """``max_load``: the request's cap on tokens loaded from the CPU tier (its
         ``kv_transfer_params``' ``max_load_tokens``, read by the connector where the release
-        has it), or ``'cpu'``: the tiers it may load from named instead (``LOAD_FROM_CPU``)."""
+        has it), or ``'cpu'``: the tiers it may load from named instead (``LOAD_FROM_CPU``).
+        ``resumable``: a streaming-input session (where the release has them,
+        ``sessions()``): ``req_id`` again sends the session's next input, whose ``tokens``
+        vLLM appends to the prompt after the turn's output but its last sampled token."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -257,10 +268,28 @@ class VllmEngine:
             sampling_params=params,
             pooling_params=None,
             block_hasher=self.cfg.block_hasher(self.setup.hash_size),
+            **({"resumable": True} if resumable else {}),
         )
+        if req_id in self.requests:
+            self.counts["session inputs"] += 1
         self.sched.add_request(request)
-        self.requests[req_id] = request
+        self.requests.setdefault(req_id, request)  # a session's next input joins its first
         return request
+
+    def end_session(self, req_id: str) -> None:
+        """The client closes a streaming-input session: vLLM's closing request (the session's
+        id, not resumable) ends it once its current turn stops."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        closing = Request(
+            request_id=req_id,
+            prompt_token_ids=[0],
+            sampling_params=SamplingParams(max_tokens=1, ignore_eos=True),
+            pooling_params=None,
+            block_hasher=self.cfg.block_hasher(self.setup.hash_size),
+        )
+        self.sched.add_request(closing)
 
     def abort(self, req_id: str) -> None:
         from vllm.v1.request import RequestStatus
@@ -281,7 +310,7 @@ class VllmEngine:
             )
         finally:
             left = {r.request_id for r in self.sched.running}
-            self.exact.preempted([r for r in running if r not in left])
+            self.exact.preempted([r for r in running if r not in left], by_reset=True)
 
     def shutdown(self) -> None:
         """The engine stops: vLLM's scheduler shuts its connector down (spec §7.1)."""
@@ -303,7 +332,11 @@ class VllmEngine:
             self.oracle.set_step(self.steps)
         scheduled = False
         if self.sched.has_requests():
-            out = self.sched.schedule()
+            self.front.in_schedule = True
+            try:
+                out = self.sched.schedule()
+            finally:
+                self.front.in_schedule, self.front.let_go = False, None
             if self.move_bytes:
                 self.learn_prefixes()
             self.worker.receive(out.kv_connector_metadata)
@@ -317,8 +350,7 @@ class VllmEngine:
             }
             self.worker.forward(dict(out.num_scheduled_tokens), computed)
             kv_output, stores = self.worker.report()
-            if out.preempted_req_ids:
-                self.exact.preempted(out.preempted_req_ids)
+            self.exact.preempted(out.preempted_req_ids or ())
             self.exact.scheduled(out.num_scheduled_tokens)
             self.exact.lock_free(self.front.held, "after the step's metadata was built")
             self.error_log.check("by the time the step's metadata was built")

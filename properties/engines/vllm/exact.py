@@ -16,10 +16,11 @@
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
   is reset (a ``None`` leaves it to be offered again: a retry);
-- **offered at all**: when a request finishes that saw no cache reset and ran since it last
-  started at chunk 0 (its admission, a preemption), every chunk of its computed prefix that
-  may be offloaded (the prompt's, with ``offload_prompt_only``) was offered since then, or
-  loaded (the connector's final offer comes in the step after the request ends);
+- **offered at all**: when a request finishes that ran since it last started at chunk 0 (its
+  admission, a preemption, a cache reset: the reset empties the tier, so a running request
+  offers its chunks again), every chunk of its computed prefix that may be offloaded (the
+  prompt's, with ``offload_prompt_only``) was offered since then, or loaded (the connector's
+  final offer comes in the step after the request ends);
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
   runs, each key at the position its chunk ends, and the tiers its ``kv_load_tiers`` names
@@ -39,9 +40,12 @@
   once, for the first stats payload (where the connector says it sends it once);
 - **metric exact**: the connector's own allocation-failure counter (which its stats carry to
   the scheduler after each update) adds up to the ``None`` answers of ``prepare_store``;
-- **the manager's lock**: every manager call of the connector comes inside the manager's lock,
-  and no region of it is still held once a step's metadata is built or an update is applied
-  (the manager is free while the model runs);
+- **the manager's lock**: every manager call of the connector comes inside the manager's lock;
+  a ``schedule()`` holds it as one region from its first manager call to the end of its
+  metadata (a lock let go between a lookup's hit and the load or store that relies on it lets
+  another thread, a tier-poll thread, in between: the call before and after the gap are
+  named); and no region of it is still held once a step's metadata is built or an update is
+  applied (the manager is free while the model runs);
 - **nothing left behind**: after each step's metadata, the connector keeps per-request state
   only for requests that are still running or still have transfers in flight, tracks only jobs
   the worker has not reported, and pins GPU blocks and loading chunks only for such jobs.
@@ -80,6 +84,7 @@ class ExactChecks:
         self.conn = engine.connector
         self.chunk_tokens = engine.setup.block_size * engine.setup.blocks_per_chunk
         self.epoch: dict[str, int] = {}  # req_id -> preemptions seen
+        self.reset_preempted: set[str] = set()  # preempted by a reset, not yet named again
         self.accepted: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys
         self.announced: set[str] = set()  # requests the manager heard of
         self.failures_reported = 0  # the connector's allocation-failure metric, summed
@@ -88,7 +93,6 @@ class ExactChecks:
         self.loads: dict[tuple, set[bytes]] = {}  # (req, generation, epoch) -> keys loaded
         self.in_reset = False
         self.ran: set[tuple] = set()  # (req, generation, epoch) scheduled at least once
-        self.admitted: dict[str, int] = {}  # req -> the cache generation it was added in
         self.unsettled = 0  # manager lookups answered neither hit nor miss
         self.stats = checks.stats
         self._wrap()
@@ -345,14 +349,20 @@ class ExactChecks:
         for req_id in req_ids:
             self.ran.add(self._who(req_id))
 
-    def preempted(self, req_ids) -> None:
+    def preempted(self, req_ids, by_reset: bool = False) -> None:
+        """Requests sent back to chunk 0. A reset that preempts the running requests names
+        them again in the next step's scheduler output: one restart, counted once."""
+        if by_reset:
+            self.reset_preempted.update(req_ids)
+        else:
+            req_ids = [r for r in req_ids if r not in self.reset_preempted]
+            self.reset_preempted.clear()
         for req_id in req_ids:
             self.epoch[req_id] = self.epoch.get(req_id, 0) + 1
 
     def new_request(self, ctx: Any) -> None:
         req_id = str(getattr(ctx, "req_id", ""))
         self.announced.add(req_id)
-        self.admitted[req_id] = self.checks.generation
         wrong = told(ctx, self.engine.transfer_params.get(req_id))
         if wrong:
             self.checks.fail(wrong)
@@ -395,8 +405,8 @@ class ExactChecks:
         if self.engine.setup.offload_prompt_only:
             computed = min(computed, request.num_prompt_tokens)
         who = self._who(req_id)
-        if who not in self.ran or self.admitted.get(req_id) != self.checks.generation:
-            return  # not scheduled since it last restarted, or a cache reset in its life
+        if who not in self.ran:
+            return  # not scheduled since it last restarted (a preemption, a cache reset)
         covered = self.offers.get(who, set())
         # the full-attention group's chunks (a sliding-window group skips the chunks no window
         # can reach, a drafter's group its last while decoding)
@@ -486,11 +496,21 @@ class ExactChecks:
             )
 
     # ------------------------------------------------------------------ the manager's lock
-    def locked_call(self, name: str, held: int) -> None:
-        """The connector enters the manager only inside the manager's lock (where it has one:
-        a release whose connector holds a step region)."""
-        if held <= 0 and hasattr(self.conn, pn.ACQUIRE_STEP):
+    def locked_call(self, name: str, held: int, let_go: str | None = None, call: str = "") -> None:
+        """The connector enters the manager only inside the manager's lock, and holds it for
+        one region from a ``schedule()``'s first manager call to the end of its metadata
+        (where it has one: a release whose connector holds a step region). ``let_go``: the
+        call after which this ``schedule()`` let the lock go, where it did."""
+        if not hasattr(self.conn, pn.ACQUIRE_STEP):
+            return
+        if held <= 0:
             self.checks.fail(f"the connector called the manager's {name} outside its lock")
+        elif let_go is not None:
+            self.checks.fail(
+                f"the connector let the manager's lock go inside one schedule(), after "
+                f"{let_go} and before {call or name}: another thread (a tier-poll thread) "
+                "can enter the manager there and evict what the step already found"
+            )
 
     def lock_free(self, held: int, when: str) -> None:
         if held and hasattr(self.conn, pn.ACQUIRE_STEP):

@@ -203,6 +203,31 @@ def _context_frozen(conn: Any, engine: Any) -> None:
     conn.on_new_request = on_new_request
 
 
+def _session_keys_frozen(conn: Any, engine: Any) -> None:
+    """A streaming session keyed by its first input alone: once a later input grows its
+    prompt, the connector stops taking its block hashes as keys."""
+    _need("session_keys_frozen", conn, pn.REQ_STATUS, "on_new_request")
+    new_request = conn.on_new_request
+
+    def on_new_request(request, *args, **kwargs):
+        out = new_request(request, *args, **kwargs)
+        status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
+        kind = type(status)
+        if getattr(request, "resumable", False) and hasattr(kind, "update_offload_keys"):
+            first = request.num_prompt_tokens
+
+            def update_offload_keys(self):
+                if self.req.num_prompt_tokens <= first:
+                    kind.update_offload_keys(self)
+
+            # the release's state may have slots: a subclass with none of its own
+            body = {"__slots__": (), "update_offload_keys": update_offload_keys}
+            status.__class__ = type(f"FirstInput{kind.__name__}", (kind,), body)
+        return out
+
+    conn.on_new_request = on_new_request
+
+
 def _sources_unattributed(conn: Any, engine: Any) -> None:
     """The connector tells the engine every hit came from no known tier."""
     _need("sources_unattributed", conn, "get_external_cache_hit_sources")
@@ -224,6 +249,24 @@ def _shutdown_lost(conn: Any, engine: Any) -> None:
 def _reset_lost(conn: Any, engine: Any) -> None:
     _need("reset_lost", conn, pn.RESET_CACHE)
     setattr(conn, pn.RESET_CACHE, lambda: None)
+
+
+def _reset_keeps_progress(conn: Any, engine: Any) -> None:
+    _need("reset_keeps_progress", conn, pn.RESET_CACHE, pn.REQ_STATUS)
+    reset = getattr(conn, pn.RESET_CACHE)
+
+    def reset_cache():
+        kept = {
+            (req_id, i): group.next_stored_chunk_idx
+            for req_id, status in getattr(conn, pn.REQ_STATUS).items()
+            for i, group in enumerate(getattr(status, "group_states", ()))
+        }
+        reset()
+        for req_id, status in getattr(conn, pn.REQ_STATUS).items():
+            for i, group in enumerate(getattr(status, "group_states", ())):
+                group.next_stored_chunk_idx = kept.get((req_id, i), 0)
+
+    setattr(conn, pn.RESET_CACHE, reset_cache)
 
 
 def _reoffer(conn: Any, engine: Any) -> None:
@@ -277,6 +320,19 @@ def _drop_failure_metric(conn: Any, engine: Any) -> None:
 def _lock_left_held(conn: Any, engine: Any) -> None:
     _need("lock_left_held", conn, pn.RELEASE_STEP)
     setattr(conn, pn.RELEASE_STEP, lambda: None)
+
+
+def _region_split(conn: Any, engine: Any) -> None:
+    """The step's region closed and opened again before each allocation's load."""
+    _need("region_split", conn, pn.ACQUIRE_STEP, pn.RELEASE_STEP, "update_state_after_alloc")
+    after_alloc = conn.update_state_after_alloc
+
+    def update_state_after_alloc(*args, **kwargs):
+        getattr(conn, pn.RELEASE_STEP)()
+        getattr(conn, pn.ACQUIRE_STEP)()
+        return after_alloc(*args, **kwargs)
+
+    conn.update_state_after_alloc = update_state_after_alloc
 
 
 def _ignore_max_load(conn: Any, engine: Any) -> None:
@@ -421,6 +477,12 @@ FAULTS: dict[str, Fault] = {
         _reoffer,
     ),
     "keep_finished": Fault("a finished request's state never dropped", CONNECTOR, _keep_finished),
+    "region_split": Fault(
+        "the step's region of the manager's lock let go and taken again before each "
+        "allocation's load",
+        CONNECTOR,
+        _region_split,
+    ),
     "ignore_max_load": Fault("a request's max_load_tokens never read", CONNECTOR, _ignore_max_load),
     "drop_failure_metric": Fault(
         "one failed store allocation never reaches the connector's metric",
@@ -440,6 +502,12 @@ FAULTS: dict[str, Fault] = {
         "a drafter's (EAGLE) group taken for a target group", CONNECTOR, _drafter_unproven
     ),
     "reset_lost": Fault("a cache reset never reaches the manager", CONNECTOR, _reset_lost),
+    "reset_keeps_progress": Fault(
+        "a cache reset leaves the running requests' store progress: the emptied tier never "
+        "hears their chunks again",
+        CONNECTOR,
+        _reset_keeps_progress,
+    ),
     "info_every_time": Fault(
         "the tier's configuration asked of the manager for every stats payload",
         CONNECTOR,
@@ -452,6 +520,9 @@ FAULTS: dict[str, Fault] = {
     ),
     "context_frozen": Fault(
         "each request's context keeps its arrival's token counts", CONNECTOR, _context_frozen
+    ),
+    "session_keys_frozen": Fault(
+        "a streaming session keyed by its first input alone", CONNECTOR, _session_keys_frozen
     ),
     "sources_unattributed": Fault(
         "every hit told to the engine as of no known tier", CONNECTOR, _sources_unattributed

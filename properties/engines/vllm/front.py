@@ -64,6 +64,15 @@ class Front:
         return _WatchedLock(self, getattr(self.real, "lock", None) or contextlib.nullcontext())
 
     held = 0  # regions of the connector inside the manager's lock, now
+    in_schedule = False  # inside the scheduler's schedule()
+    last_call = "its first call"  # the latest manager call, with its request
+    let_go: str | None = None  # the call after which a schedule() let the lock go
+
+    @staticmethod
+    def _call_name(name: str, args: tuple) -> str:
+        ctx = next((a for a in args if hasattr(a, "req_id")), None)
+        return f"{name} ({ctx.req_id})" if ctx is not None else name
+
     LOCKED_CALLS = frozenset(
         {
             "lookup",
@@ -82,7 +91,9 @@ class Front:
         oracle did not ask it: a call the target lacks)."""
         self.calls[name] += 1
         if self.exact is not None and name in self.LOCKED_CALLS:
-            self.exact.locked_call(name, self.held)
+            self.exact.locked_call(name, self.held, self.let_go, self._call_name(name, args))
+            self.let_go = None
+        self.last_call = self._call_name(name, args)
         self.adapter.raw = _NOT_ASKED
         getattr(self.oracle, name)(*args, **kwargs)
         raw, self.adapter.raw = self.adapter.raw, None
@@ -189,6 +200,8 @@ class _WatchedLock:
 
     def __exit__(self, *exc):
         self.front.held -= 1
+        if not self.front.held and self.front.in_schedule:
+            self.front.let_go = self.front.last_call
         return self.lock.__exit__(*exc)
 
 

@@ -247,3 +247,15 @@ def sync_loads() -> bool:
 
     config = getattr(scheduler, "SchedulerOffloadConfig", None)
     return "sync_load_budget_bytes" in getattr(config, "_fields", ())
+
+
+def streaming_sessions() -> bool:
+    """Whether the release runs streaming-input sessions (a resumable request whose later
+    inputs, sent under its id, extend its prompt)."""
+    import inspect
+
+    from vllm.v1.request import Request, RequestStatus
+
+    return "resumable" in inspect.signature(Request).parameters and hasattr(
+        RequestStatus, "WAITING_FOR_STREAMING_REQ"
+    )

@@ -19,6 +19,11 @@ and the target manager behind it, every manager call checked by the lockstep ora
   reported in the next step's output); jobs not picked stay in flight;
 - ``fail_stores(mask)``: the in-flight store jobs picked by ``mask`` complete with their copy
   failed (where the release's worker can report it): the chunks keep what they held;
+- ``stream(which, blocks, tail, max_tokens)``: a streaming-input session (vLLM's resumable
+  requests, where the release has them): ``which`` 0 opens one whose first input is
+  ``blocks``, 4 closes one, 1 to 3 send one its next input; vLLM appends each input to the
+  session's prompt after the turn's output but its last sampled token, so the session's last
+  block is hashed again and its chunks' keys change;
 - ``abort(which)``: the client aborts a live request;
 - ``take_gpu`` / ``give_gpu``: every free GPU block is taken from the scheduler's pool, so the
   next step that needs a block preempts a running request (the preempted request later
@@ -60,7 +65,14 @@ from ...targets import Target
 from . import explicit_programs
 from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
 from .engine import FAULTS, VllmEngine
-from .layouts import FULL_ATTENTION, NEEDS_MENDS, available, offload_key, sync_loads
+from .layouts import (
+    FULL_ATTENTION,
+    NEEDS_MENDS,
+    available,
+    offload_key,
+    streaming_sessions,
+    sync_loads,
+)
 
 __all__ = [
     "DESCRIPTION",
@@ -110,6 +122,7 @@ LABELS = {
     "flush": lambda e: e.get("flushes", 0) > 0,
     "reset": lambda e: e["rule"] == "reset",
     "abort": lambda e: e["rule"] == "abort",
+    "streaming session's next input": lambda e: e.get("session inputs", 0) > 0,
     "failed store": lambda e: e.get("failed stores", 0) > 0,
     "sync load": lambda e: e.get("sync loads", 0) > 0,
     "store event payload": lambda e: e.get("event payloads", 0) > 0,
@@ -135,6 +148,7 @@ REQUIRED = (
     "load",
     "reset",
     "abort",
+    "streaming session's next input",
     "async batch overlap",
 )
 
@@ -157,6 +171,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         "evict_gpu": 3,
         "fail_stores": 2,
         "reset": 1,
+        "stream": 2,
     }
     SWARM_ALWAYS = ("step", "add_request", "deliver")
 
@@ -173,6 +188,8 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self.prompts: list[str] = []  # each request's blocks, in the order added
         self.held: list = []
         self.next_id = 0
+        self.streaming = False  # the release runs streaming-input sessions
+        self.sessions: set[str] = set()  # sessions the client has not closed
         install_rule_choice(self)
 
     # ------------------------------------------------------------------ set-up
@@ -218,6 +235,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
                 log=self.history,
             )
         self.engine.checks.is_finished = self._finished
+        self.streaming = streaming_sessions()
         self.engine.describe = _prefix_name
         self.engine.engine_clock = False  # a divergence names the machine's step
         self.rule_no = 0
@@ -316,6 +334,41 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         picked = [j for i, j in enumerate(jobs) if mask >> (i % 4) & 1] or jobs[:1]
         self.engine.worker.fail(picked)
         self._record("fail_stores")
+
+    @precondition(lambda self: self.engine is not None and self.streaming)
+    @rule(
+        which=st.integers(0, 4),
+        blocks=st.text(alphabet="ABC", min_size=1, max_size=2),
+        tail=st.integers(0, 1),
+        max_tokens=st.integers(1, 3),
+    )
+    def stream(self, which, blocks, tail, max_tokens):
+        """A streaming-input session: ``which`` 0 opens one with ``blocks`` as its first
+        input, 4 closes one, else one gets ``blocks`` as its next input (vLLM appends it to
+        the prompt after the turn's output but its last sampled token)."""
+        self._next_rule()
+        sessions = [r for r in self._live() if r in self.sessions]
+        tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
+        if which == 0 or not sessions:
+            if len(self.live) >= MAX_LIVE:
+                return self._record("stream")
+            self.next_id += 1
+            req_id = f"r{self.next_id}"
+            self.sessions.add(req_id)
+            self.live.append(req_id)
+            with vllm_raises("opening a streaming session", self.engine.checks):
+                self.engine.add_request(req_id, tokens, max_tokens, resumable=True)
+        elif which == 4:
+            with vllm_raises("closing a streaming session", self.engine.checks):
+                self.engine.end_session(sessions[0])
+            self.sessions.discard(sessions[0])
+        else:
+            with vllm_raises("a streaming session's next input", self.engine.checks):
+                self.engine.add_request(
+                    sessions[which % len(sessions)], tokens, max_tokens, resumable=True
+                )
+        self._learn_names()
+        return self._record("stream")
 
     @precondition(lambda self: self.engine is not None and self._live())
     @rule(which=st.integers(0, 3))
