@@ -249,8 +249,9 @@ class VllmEngine:
         ``kv_transfer_params``' ``max_load_tokens``, read by the connector where the release
         has it), or ``'cpu'``: the tiers it may load from named instead (``LOAD_FROM_CPU``).
         ``resumable``: a streaming-input session (where the release has them,
-        ``sessions()``): ``req_id`` again sends the session's next input, whose ``tokens``
-        vLLM appends to the prompt after the turn's output but its last sampled token."""
+        ``layouts.streaming_sessions``): ``req_id`` again sends the session's next input,
+        whose ``tokens`` vLLM appends to the prompt after the turn's output but its last
+        sampled token."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
