@@ -96,11 +96,16 @@ FAULTS = {
     "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
     "lock_left_held": "the manager's lock is still held after the step's metadata was built",
     "region_split": "the connector let the manager's lock go inside one schedule(), after ",
+    "offers_a_step_late": "but neither the step's metadata nor an earlier one since",
+    "fence_never_drains": "a cache reset still waits for job(s) ",
+    "positions_unrecorded": "nowhere (no position); its chunk ends at token ",
     "window_last_token": "phantom hit: the connector reported",
     "drafter_unproven": "phantom hit: the connector reported",
     "reset_lost": "and its manager heard reset_cache 0 time(s)",
-    "reset_keeps_progress": "never offered to the manager since it last started at chunk 0",
-    "session_keys_frozen": "never offered to the manager since it last started at chunk 0",
+    # chunks a restart or a session's next input left unoffered: seen at the next batch that
+    # completes one, or at the request's finish
+    "reset_keeps_progress": ("never offered to the manager since it", "nor an earlier one since"),
+    "session_keys_frozen": ("never offered to the manager since it", "nor an earlier one since"),
     "info_every_time": "the connector asked its manager's config_info 2 times",
     "idle_with_jobs": "the scheduler went idle while the connector tracks job(s)",
     "defer_always": "lookup (answered None) with no transfer in flight",

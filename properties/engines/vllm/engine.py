@@ -353,6 +353,7 @@ class VllmEngine:
             kv_output, stores = self.worker.report()
             self.exact.preempted(out.preempted_req_ids or ())
             self.exact.scheduled(out.num_scheduled_tokens)
+            self.exact.offered_in_time(out.num_scheduled_tokens)
             self.exact.lock_free(self.front.held, "after the step's metadata was built")
             self.error_log.check("by the time the step's metadata was built")
             self.exact.after_schedule(self._unsettled() | _completed(kv_output))

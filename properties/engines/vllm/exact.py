@@ -16,6 +16,9 @@
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
   is reset (a ``None`` leaves it to be offered again: a retry);
+- **offered in time**: after a step's metadata is built, each request the step scheduled has
+  offered every chunk its batch completes (that metadata's stores, or earlier since it last
+  started at chunk 0), or loaded it, on the group that **offered at all** judges;
 - **offered at all**: when a request finishes that ran since it last started at chunk 0 (its
   admission, a preemption, a cache reset: the reset empties the tier, so a running request
   offers its chunks again), every chunk of its computed prefix that may be offloaded (the
@@ -23,7 +26,8 @@
   final offer comes in the step after the request ends);
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
-  runs, each key at the position its chunk ends, and the tiers its ``kv_load_tiers`` names
+  runs, each key it offers at the position its chunk ends (a key with no position is told
+  wrong), and the tiers its ``kv_load_tiers`` names
   (load_tiers.py; where the release's context has these);
 - **reset passed on**: a reset of the connector's cache reaches the manager as exactly one
   ``reset_cache``;
@@ -48,7 +52,8 @@
   applied (the manager is free while the model runs);
 - **nothing left behind**: after each step's metadata, the connector keeps per-request state
   only for requests that are still running or still have transfers in flight, tracks only jobs
-  the worker has not reported, and pins GPU blocks and loading chunks only for such jobs.
+  the worker has not reported (a cache reset waits only for such jobs of those it flushed),
+  and pins GPU blocks and loading chunks only for such jobs.
 
 Its known-bad connectors (planted faults) are in faults.py.
 """
@@ -402,29 +407,55 @@ class ExactChecks:
         computed = request.num_computed_tokens
         if request.status != RequestStatus.FINISHED_ABORTED:
             computed = min(computed, max(request.num_prompt_tokens, request.num_tokens - 1))
-        if self.engine.setup.offload_prompt_only:
-            computed = min(computed, request.num_prompt_tokens)
-        who = self._who(req_id)
-        if who not in self.ran:
-            return  # not scheduled since it last restarted (a preemption, a cache reset)
-        covered = self.offers.get(who, set())
-        # the full-attention group's chunks (a sliding-window group skips the chunks no window
-        # can reach, a drafter's group its last while decoding)
-        group = self.engine.setup.layout.checked_offers
-        if group is None:
-            return
-        keys = self._keys(request, group)[: computed // self.chunk_tokens]
-        loaded = self.loads.get(who, set())
-        # A chunk-level offloading context skips the chunks a load covered, and the GPU hits
-        # before them: everything up to the last chunk loaded.
-        upto = max((i + 1 for i, k in enumerate(keys) if k in loaded), default=0)
-        missed = [k for k in keys[upto:] if k not in covered]
+        missed = self._not_offered(request, computed)
         if missed:
             self.checks.fail(
                 f"{req_id} finished with {computed} offloadable token(s) computed, but "
                 f"{', '.join(self.checks.name(k) for k in missed)} never offered to the "
                 "manager since it last started at chunk 0"
             )
+
+    def offered_in_time(self, scheduled: Any) -> None:
+        """After a step's metadata is built: each request the step scheduled has offered
+        every chunk its batch completes (in that metadata, or earlier since it last started
+        at chunk 0), or loaded it: the store reads the blocks right after the batch, before a
+        later step can free them, and the next request can find the chunk."""
+        for req_id in scheduled:
+            request = self.engine.sched.requests.get(req_id)
+            if request is None or request.is_finished():
+                continue
+            # the scheduler has counted the batch's tokens as computed
+            missed = self._not_offered(request, request.num_computed_tokens)
+            if missed:
+                self.checks.fail(
+                    f"{req_id}'s batch completed {', '.join(self.checks.name(k) for k in missed)}"
+                    f" ({request.num_computed_tokens} token(s) computed after it), but neither "
+                    "the step's metadata nor an earlier one since the request last started at "
+                    "chunk 0 offered it to the manager"
+                )
+
+    def _not_offered(self, request: Any, computed: int) -> list[bytes]:
+        """The keys of the full-attention group's chunks within ``computed`` tokens (the
+        prompt's, with ``offload_prompt_only``) that ``request`` has neither offered since it
+        last started at chunk 0 nor loaded; none where the layout does not judge offers or
+        the request has not been scheduled since it restarted."""
+        if self.engine.setup.offload_prompt_only:
+            computed = min(computed, request.num_prompt_tokens)
+        who = self._who(request.request_id)
+        if who not in self.ran:
+            return []  # not scheduled since it last restarted (a preemption, a cache reset)
+        covered = self.offers.get(who, set())
+        # the full-attention group's chunks (a sliding-window group skips the chunks no window
+        # can reach, a drafter's group its last while decoding)
+        group = self.engine.setup.layout.checked_offers
+        if group is None:
+            return []
+        keys = self._keys(request, group)[: computed // self.chunk_tokens]
+        loaded = self.loads.get(who, set())
+        # A chunk-level offloading context skips the chunks a load covered, and the GPU hits
+        # before them: everything up to the last chunk loaded.
+        upto = max((i + 1 for i, k in enumerate(keys) if k in loaded), default=0)
+        return [k for k in keys[upto:] if k not in covered]
 
     def offered(self, keys: list[bytes], ctx: Any, out: Any) -> None:
         req_id = str(getattr(ctx, "req_id", ""))
@@ -475,10 +506,11 @@ class ExactChecks:
                 at = position(key)
             except Exception:
                 at = None
-            if prefix is not None and at is not None and at != len(prefix):
+            if prefix is not None and at != len(prefix):
+                where = f"at token {at}" if at is not None else "nowhere (no position)"
                 self.checks.fail(
-                    f"the manager's context puts {self.checks.name(key)} of {req_id} at "
-                    f"token {at}; its chunk ends at token {len(prefix)}"
+                    f"the manager's context puts {self.checks.name(key)} of {req_id} {where}; "
+                    f"its chunk ends at token {len(prefix)}"
                 )
                 return
 
@@ -549,6 +581,12 @@ class ExactChecks:
         if unknown:
             self.checks.fail(
                 f"the connector still tracks job(s) {unknown} the worker has reported done"
+            )
+        fenced = sorted(set(getattr(conn, pn.RESET_FENCE, None) or ()) - in_flight)
+        if fenced:
+            self.checks.fail(
+                f"a cache reset still waits for job(s) {fenced} it flushed, which the worker "
+                "has reported done: the tier stays held for the reset"
             )
         pending = getattr(conn, pn.PENDING_JOBS, None) or {}
         for block, ids in pending.items():

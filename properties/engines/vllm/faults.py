@@ -335,6 +335,55 @@ def _region_split(conn: Any, engine: Any) -> None:
     conn.update_state_after_alloc = update_state_after_alloc
 
 
+def _offers_a_step_late(conn: Any, engine: Any) -> None:
+    """Each step's stores built as if its batch had not run: a chunk is offered a step after
+    the batch that completes it (a finishing request's last ones at its finish)."""
+    _need("offers_a_step_late", conn, pn.BUILD_STORE_JOBS)
+    build = getattr(conn, pn.BUILD_STORE_JOBS)
+
+    def build_store_jobs(scheduler_output):
+        before = dict(scheduler_output.num_scheduled_tokens)
+        scheduler_output.num_scheduled_tokens = dict.fromkeys(before, 0)
+        try:
+            return build(scheduler_output)
+        finally:
+            scheduler_output.num_scheduled_tokens = before
+
+    setattr(conn, pn.BUILD_STORE_JOBS, build_store_jobs)
+
+
+def _fence_never_drains(conn: Any, engine: Any) -> None:
+    """A cache reset's fence keeps the jobs it flushed after the worker reports them."""
+    _need("fence_never_drains", conn, pn.RESET_FENCE, "update_connector_output")
+    update = conn.update_connector_output
+
+    def update_connector_output(*args, **kwargs):
+        fence = getattr(conn, pn.RESET_FENCE)
+        before = dict(fence)
+        out = update(*args, **kwargs)
+        for job, count in before.items():
+            fence.setdefault(job, count)
+        return out
+
+    conn.update_connector_output = update_connector_output
+
+
+def _positions_unrecorded(conn: Any, engine: Any) -> None:
+    """Each request's context records no key's position."""
+    _need("positions_unrecorded", conn, pn.REQ_STATUS, "on_new_request")
+    new_request = conn.on_new_request
+
+    def on_new_request(request, *args, **kwargs):
+        out = new_request(request, *args, **kwargs)
+        status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
+        ctx = getattr(status, "req_context", None)
+        if ctx is not None and hasattr(ctx, "set_offload_key_position"):
+            ctx.set_offload_key_position = lambda key, end_token: None
+        return out
+
+    conn.on_new_request = on_new_request
+
+
 def _ignore_max_load(conn: Any, engine: Any) -> None:
     _need("ignore_max_load", conn, pn.REQ_STATUS, "on_new_request")
     new_request = conn.on_new_request
@@ -482,6 +531,19 @@ FAULTS: dict[str, Fault] = {
         "allocation's load",
         CONNECTOR,
         _region_split,
+    ),
+    "offers_a_step_late": Fault(
+        "each chunk offered a step after the batch that completes it",
+        CONNECTOR,
+        _offers_a_step_late,
+    ),
+    "fence_never_drains": Fault(
+        "a cache reset waits for its flushed jobs after the worker reported them",
+        CONNECTOR,
+        _fence_never_drains,
+    ),
+    "positions_unrecorded": Fault(
+        "no request context records its keys' positions", CONNECTOR, _positions_unrecorded
     ),
     "ignore_max_load": Fault("a request's max_load_tokens never read", CONNECTOR, _ignore_max_load),
     "drop_failure_metric": Fault(

@@ -85,22 +85,29 @@ NAMES: tuple[Private, ...] = (
         REQ_STATUS,
         CONNECTOR,
         "exact.py (nothing left behind), lookup_metrics.py (which lookups run); faults "
-        "reoffer, ignore_max_load, keep_finished",
+        "reoffer, ignore_max_load, keep_finished, session_keys_frozen, positions_unrecorded",
     ),
     Private(JOBS, CONNECTOR, "exact.py (deferred for a cause, never idle, nothing left behind)"),
-    Private(RESET_FENCE, CONNECTOR, "exact.py (deferred for a cause)", absent_in=OLD),
+    Private(
+        RESET_FENCE,
+        CONNECTOR,
+        "exact.py (deferred for a cause, nothing left behind); fault fence_never_drains",
+        absent_in=OLD,
+    ),
     Private(PENDING_JOBS, CONNECTOR, "exact.py (nothing left behind)"),
     Private(CHUNKS_LOADING, CONNECTOR, "exact.py (nothing left behind)", absent_in=("0.21.0",)),
-    Private(ACQUIRE_STEP, CONNECTOR, "exact.py (the manager's lock)", absent_in=OLD),
-    Private(RELEASE_STEP, CONNECTOR, "fault lock_left_held", absent_in=OLD),
+    Private(
+        ACQUIRE_STEP, CONNECTOR, "exact.py (the manager's lock); fault region_split", absent_in=OLD
+    ),
+    Private(RELEASE_STEP, CONNECTOR, "faults lock_left_held, region_split", absent_in=OLD),
     Private(
         INFO_SENT, CONNECTOR, "exact.py (configuration once); fault info_every_time", absent_in=OLD
     ),
-    Private(RESET_CACHE, CONNECTOR, "fault reset_lost", absent_in=OLD),
+    Private(RESET_CACHE, CONNECTOR, "faults reset_lost, reset_keeps_progress", absent_in=OLD),
     Private(
         BUILD_STORE_JOBS,
         CONNECTOR,
-        "fault reoffer; releases/vllm_mends.py (one offer a step)",
+        "faults reoffer, offers_a_step_late; releases/vllm_mends.py (one offer a step)",
     ),
     Private(
         BUILD_PARTIAL_TAIL_STORE_JOBS,
