@@ -263,13 +263,14 @@ class VllmEngine:
         if req_id in self.transfer_params:  # the connector gets a copy: this one is the record
             extra["extra_args"] = {"kv_transfer_params": dict(self.transfer_params[req_id])}
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra)
+        session: dict[str, Any] = {"resumable": True} if resumable else {}
         request = Request(
             request_id=req_id,
             prompt_token_ids=list(tokens),
             sampling_params=params,
             pooling_params=None,
             block_hasher=self.cfg.block_hasher(self.setup.hash_size),
-            **({"resumable": True} if resumable else {}),
+            **session,
         )
         if req_id in self.requests:
             self.counts["session inputs"] += 1
