@@ -90,10 +90,11 @@ class Front:
         """The call through the oracle; what the real manager answered (``None`` where the
         oracle did not ask it: a call the target lacks)."""
         self.calls[name] += 1
+        call = self._call_name(name, args)
         if self.exact is not None and name in self.LOCKED_CALLS:
-            self.exact.locked_call(name, self.held, self.let_go, self._call_name(name, args))
+            self.exact.locked_call(name, self.held, self.let_go, call)
             self.let_go = None
-        self.last_call = self._call_name(name, args)
+        self.last_call = call
         self.adapter.raw = _NOT_ASKED
         getattr(self.oracle, name)(*args, **kwargs)
         raw, self.adapter.raw = self.adapter.raw, None
