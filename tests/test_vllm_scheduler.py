@@ -99,6 +99,7 @@ FAULTS = {
     "offers_a_step_late": "but neither the step's metadata nor an earlier one since",
     "fence_never_drains": "a cache reset still waits for job(s) ",
     "positions_unrecorded": "nowhere (no position); its chunk ends at token ",
+    "load_blocks_unnamed": "names no blocks in its dst_spec (None): vLLM's worker cannot run it",
     "window_last_token": "phantom hit: the connector reported",
     "drafter_unproven": "phantom hit: the connector reported",
     "reset_lost": "and its manager heard reset_cache 0 time(s)",

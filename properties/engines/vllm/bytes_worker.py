@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .checks import Checks
-from .fake_worker import FakeWorker, extents, group_spans
+from .fake_worker import FakeWorker, extents, formed_jobs, group_spans
 from .layouts import FULL_ATTENTION, Layout, key_group
 
 _MASK = (1 << 62) - 1
@@ -180,10 +180,10 @@ class BytesWorker(FakeWorker):
     def receive(self, meta: Any) -> None:
         if meta is None:
             return
-        for job_id, job in (getattr(meta, "store_jobs", None) or {}).items():
+        for job_id, job in formed_jobs(meta, "store", self.checks).items():
             keys = self.checks.jobs_keys(job.dst_spec)
             self.transfers[job_id] = ("store", job.req_id, job.src_spec, job.dst_spec, keys)
-        for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
+        for job_id, job in formed_jobs(meta, "load", self.checks).items():
             keys = self.checks.load_spec_keys(job.src_spec)
             self.transfers[job_id] = ("load", job.req_id, job.dst_spec, job.src_spec, keys)
         super().receive(meta)

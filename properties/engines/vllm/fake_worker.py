@@ -9,8 +9,27 @@ from typing import Any
 
 from .checks import Checks
 
+SPECS = ("src_spec", "dst_spec")  # a transfer job's two ends
 
-# ---------------------------------------------------------------------------- the worker side
+
+def formed_jobs(meta: Any, kind: str, checks: Checks) -> dict[int, Any]:
+    """The step's ``kind`` jobs (``store`` or ``load``) whose two specs name blocks. A job
+    whose spec does not is the connector's ill-formed answer (vLLM's worker cannot run it): a
+    counterexample of the target, never an error of kvgate's; the job is left out."""
+    formed = {}
+    for job_id, job in (getattr(meta, f"{kind}_jobs", None) or {}).items():
+        bad = next((s for s in SPECS if not hasattr(getattr(job, s, None), "block_ids")), None)
+        if bad is None:
+            formed[job_id] = job
+        else:
+            checks.fail(
+                f"the connector's {kind} job {job_id} ({getattr(job, 'req_id', '?')}) names "
+                f"no blocks in its {bad} ({getattr(job, bad, None)!r}): vLLM's worker cannot "
+                "run it"
+            )
+    return formed
+
+
 class FakeWorker:
     """The connector's worker side, as the machine drives it (see the module docstring)."""
 
@@ -30,13 +49,13 @@ class FakeWorker:
         """One step's connector metadata, as the worker gets it before the forward pass."""
         if meta is None:
             return
-        for job_id, job in (getattr(meta, "store_jobs", None) or {}).items():
+        for job_id, job in formed_jobs(meta, "store", self.checks).items():
             sizes, firsts = group_spans(job.src_spec)
             reach = sum(extents(sizes, firsts, self.blocks_per_chunk))
             self.checks.issued(job_id, job.dst_spec, sum(sizes), self.blocks_per_chunk, reach)
             self._start(job_id, "store", job.req_id)
         sync = []
-        for job_id, job in (getattr(meta, "load_jobs", None) or {}).items():
+        for job_id, job in formed_jobs(meta, "load", self.checks).items():
             self._start(job_id, "load", job.req_id)
             if getattr(job, "sync", False):  # waited for within the step: no finished_recving
                 self.stats["sync loads"] += 1

@@ -384,6 +384,20 @@ def _positions_unrecorded(conn: Any, engine: Any) -> None:
     conn.on_new_request = on_new_request
 
 
+def _load_blocks_unnamed(conn: Any, engine: Any) -> None:
+    """Each load job sent to the worker with no GPU spec (the blocks it loads into)."""
+    _need("load_blocks_unnamed", conn, "build_connector_meta")
+    build = conn.build_connector_meta
+
+    def build_connector_meta(*args, **kwargs):
+        meta = build(*args, **kwargs)
+        for job in (getattr(meta, "load_jobs", None) or {}).values():
+            job.dst_spec = None
+        return meta
+
+    conn.build_connector_meta = build_connector_meta
+
+
 def _ignore_max_load(conn: Any, engine: Any) -> None:
     _need("ignore_max_load", conn, pn.REQ_STATUS, "on_new_request")
     new_request = conn.on_new_request
@@ -544,6 +558,9 @@ FAULTS: dict[str, Fault] = {
     ),
     "positions_unrecorded": Fault(
         "no request context records its keys' positions", CONNECTOR, _positions_unrecorded
+    ),
+    "load_blocks_unnamed": Fault(
+        "each load job sent to the worker naming no GPU blocks", CONNECTOR, _load_blocks_unnamed
     ),
     "ignore_max_load": Fault("a request's max_load_tokens never read", CONNECTOR, _ignore_max_load),
     "drop_failure_metric": Fault(
