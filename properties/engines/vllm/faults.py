@@ -184,23 +184,34 @@ def _tiers_ignored(conn: Any, engine: Any) -> None:
     conn.on_new_request = on_new_request
 
 
-def _context_frozen(conn: Any, engine: Any) -> None:
-    """Each request's context says the token counts its request had when it arrived."""
-    _need("context_frozen", conn, pn.REQ_STATUS, "on_new_request")
+def _after_new_request(fault: str, conn: Any, act: Callable[[Any, Any], None]) -> None:
+    """Plant ``fault`` by ``act(request, status)`` right after the connector hears of each new
+    request (``status``: the state it then keeps for it)."""
+    _need(fault, conn, pn.REQ_STATUS, "on_new_request")
     new_request = conn.on_new_request
 
     def on_new_request(request, *args, **kwargs):
         out = new_request(request, *args, **kwargs)
         status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
+        if status is not None:
+            act(request, status)
+        return out
+
+    conn.on_new_request = on_new_request
+
+
+def _context_frozen(conn: Any, engine: Any) -> None:
+    """Each request's context says the token counts its request had when it arrived."""
+
+    def freeze(request: Any, status: Any) -> None:
         ctx = getattr(status, "req_context", None)
         if ctx is not None:
             kind = type(ctx)
             then = {f: getattr(ctx, f) for f in TOKEN_COUNTS if hasattr(kind, f)}
             frozen = {f: property(lambda _self, v=v: v) for f, v in then.items()}
             ctx.__class__ = type(f"Frozen{kind.__name__}", (kind,), frozen)
-        return out
 
-    conn.on_new_request = on_new_request
+    _after_new_request("context_frozen", conn, freeze)
 
 
 def _session_keys_frozen(conn: Any, engine: Any) -> None:
@@ -370,18 +381,13 @@ def _fence_never_drains(conn: Any, engine: Any) -> None:
 
 def _positions_unrecorded(conn: Any, engine: Any) -> None:
     """Each request's context records no key's position."""
-    _need("positions_unrecorded", conn, pn.REQ_STATUS, "on_new_request")
-    new_request = conn.on_new_request
 
-    def on_new_request(request, *args, **kwargs):
-        out = new_request(request, *args, **kwargs)
-        status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
+    def unrecorded(request: Any, status: Any) -> None:
         ctx = getattr(status, "req_context", None)
         if ctx is not None and hasattr(ctx, "set_offload_key_position"):
             ctx.set_offload_key_position = lambda key, end_token: None
-        return out
 
-    conn.on_new_request = on_new_request
+    _after_new_request("positions_unrecorded", conn, unrecorded)
 
 
 def _load_blocks_unnamed(conn: Any, engine: Any) -> None:
