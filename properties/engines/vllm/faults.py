@@ -203,7 +203,7 @@ def _after_new_request(fault: str, conn: Any, act: Callable[[Any, Any], None]) -
 def _context_frozen(conn: Any, engine: Any) -> None:
     """Each request's context says the token counts its request had when it arrived."""
 
-    def freeze(request: Any, status: Any) -> None:
+    def freeze(request, status):  # untyped, as the wrappers of the other faults
         ctx = getattr(status, "req_context", None)
         if ctx is not None:
             kind = type(ctx)
