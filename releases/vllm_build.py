@@ -12,6 +12,7 @@ torch. An environment .ci/vllm-venv built (a full one) is used as it is. Standar
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -91,10 +92,21 @@ def build(versions: list[str], envs: Path) -> int:
 
     def one(version: str) -> bool:
         with open(envs / f"{version}.log", "a") as log:
-            try:
-                build_release(version, envs, base, log)
-            except subprocess.CalledProcessError as exc:
-                print(f"vLLM {version}: {exc}; see {envs / version}.log", file=sys.stderr)
+            # A download that fails once (the index, the network, a full disk that another
+            # release's unpack filled and gave back) is tried once more from a clean env.
+            for attempt in (1, 2):
+                try:
+                    build_release(version, envs, base, log)
+                    break
+                except subprocess.CalledProcessError as exc:
+                    free = shutil.disk_usage(envs).free / 2**30
+                    print(
+                        f"vLLM {version}, try {attempt}: {exc}; {free:.1f} GiB free;"
+                        f" see {envs / version}.log",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            else:
                 return False
         print(f"vLLM {version} ready in {envs / version}", flush=True)
         return True
