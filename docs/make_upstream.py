@@ -41,8 +41,9 @@ ARGUMENTS = {
     "second reset must succeed (`docs/repro/vllm_0_33_0_reset_twice.py` below). The mended "
     "0.33.0 target (releases/vllm_mends.py) carries that merge beside the counting fix, "
     "and the mends of the defects it shares with 0.34.0 (argued there): the window chunk "
-    "stored with its first block unwritten, the recurrent group's hit counted a block short "
-    "and the drafter's key offered twice in a step.",
+    "stored with its first block unwritten, the recurrent group's hit counted a block short, "
+    "the drafter's key offered twice in a step and a request's offload cap before its "
+    "recurrent state's hand-off raising.",
     "0.34.0": "The seed's fix is in (`counted_keys` in the per-request record), and where our "
     "first spec guessed differently (a key the tracker dropped enters again with "
     "count 1, also for a request that counted it before) upstream's choice is safe, "
@@ -88,7 +89,18 @@ ARGUMENTS = {
     "request's own repeated offers must not count, and the connector's design skips "
     "aligned-boundary keys that a whole-chunk job stores; a manager that counts every offer "
     "(0.33.0's) counts the request twice. The mended targets leave out of a request's later "
-    "offers in a step a key it had accepted earlier in that step (`one_offer_a_step`).",
+    "offers in a step a key it had accepted earlier in that step (`one_offer_a_step`). A "
+    "sixth, beside a recurrent group too and shared: a request may cap the tokens the "
+    "connector offloads for it (`max_offload_tokens` in its `kv_transfer_params`, a "
+    "non-negative int), and the whole-chunk stores honour the cap, but when the GPU prefix "
+    "cache hands the request's recurrent state off at a boundary past the cap (a prefix "
+    "another request computed), the partial-tail store path asserts that no boundary lies "
+    "past the cap, and the AssertionError ends the engine "
+    "(`docs/repro/vllm_offload_cap_below_tail.py` below); with a cap of 0 the same path reads "
+    "the cap as unset and offers the tail. The cap is documented as experimental, but it is "
+    "read from any client's request, so one request can end the engine for all. The mended "
+    "targets leave a hand-off past the cap unstored, as the whole-chunk stores leave the "
+    "chunks past it (`offload_cap_on_tails`).",
 }
 
 

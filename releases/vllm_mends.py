@@ -116,10 +116,40 @@ def one_offer_a_step(connector) -> None:
     connector._build_store_jobs = offering(whole, record=False)
 
 
+def offload_cap_on_tails(connector) -> None:
+    """The mend of the cap defect both releases share (docs/upstream.md, "a request's offload
+    cap before its recurrent state's hand-off raises"): a recurrent group's state handed off
+    at a boundary past the request's ``max_offload_tokens`` is left unstored, as the
+    full-attention stores leave the chunks past the cap, instead of tripping the connector's
+    assertion that no such boundary comes."""
+    build = connector._build_partial_tail_store_jobs
+
+    def within_cap(scheduler_output):
+        state = scheduler_output.kv_connector_block_state
+        handoffs = getattr(state, "boundary_state_offloads", None)
+        if not handoffs:
+            return build(scheduler_output)
+        kept = {}
+        for req_id, entries in handoffs.items():
+            status = connector._req_status.get(req_id)
+            cap = getattr(status, "max_offload_tokens", None)
+            entries = [e for e in entries if cap is None or e[2] <= cap]
+            if entries:
+                kept[req_id] = entries
+        state.boundary_state_offloads = kept
+        try:
+            return build(scheduler_output)
+        finally:
+            state.boundary_state_offloads = handoffs
+
+    connector._build_partial_tail_store_jobs = within_cap
+
+
 def shared_mends(connector) -> None:
     """The mends of the connector defects 0.33.0 and 0.34.0 share."""
     whole_window_chunks(connector)
     one_offer_a_step(connector)
+    offload_cap_on_tails(connector)
 
 
 def external_state_counted(scheduler) -> None:

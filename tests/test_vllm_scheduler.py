@@ -54,6 +54,17 @@ from releases.vllm import (
 # counts it again, so the manager sizes an allocation for a key only that request offered (the
 # store still fails for want of chunks, so the admitted keys agree until a later offer).
 ALLOCATION = "vllm:kv_offload_cpu_allocation_size differs"
+
+
+def cap_before_tail(line: int) -> str:
+    """A request's max_offload_tokens before its recurrent state's hand-off boundary: both
+    releases' connectors assert, and the engine ends (docs/upstream.md)."""
+    return (
+        "vLLM raised AssertionError during an engine step, at vllm/distributed/kv_transfer/"
+        f"kv_connector/v1/offloading/scheduler.py:{line} (assert boundary <= max_boundary)"
+    )
+
+
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
 # 0.33.0's connector raises on a second cache reset before a step (docs/upstream.md; fixed in
 # 0.34.0): a defect of the release too, which the hybrid (Mamba) layout reaches
@@ -65,12 +76,17 @@ EXPECTED = {
     "0.33.0": {
         # unshrunk, the seed's bug may show first as a skip overcount (each retry's skip
         # counted: 7 where the rule says 1 on the ci run)
-        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, SKIPS},
-        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
+        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, SKIPS, cap_before_tail(1668)},
+        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, cap_before_tail(1668)},
         "max_steps": 12,
         "cold": True,
     },
-    "0.34.0": {"off": {SKIPS}, "drawn": {SKIPS}, "max_steps": 12, "cold": False},
+    "0.34.0": {
+        "off": {SKIPS, cap_before_tail(1821)},
+        "drawn": {SKIPS, cap_before_tail(1821)},
+        "max_steps": 12,
+        "cold": False,
+    },
 }
 FAULTS = {
     "double_complete": "store jobs: complete_store with no store job reported for it",
@@ -93,11 +109,13 @@ FAULTS = {
     "skip_new_request": "before on_new_request told it of that request",
     "keep_finished": "after it finished and its transfers settled",
     "ignore_max_load": "phantom hit: the connector reported",
+    "ignore_max_offload": "past its max_offload_tokens of ",
     "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
     "lock_left_held": "the manager's lock is still held after the step's metadata was built",
     "region_split": "the connector let the manager's lock go inside one schedule(), after ",
     "offers_a_step_late": "but neither the step's metadata nor an earlier one since",
     "fence_never_drains": "a cache reset still waits for job(s) ",
+    "fence_warns_at_once": "flushed for over 60 s' by the time the step's metadata was built, but",
     "positions_unrecorded": "nowhere (no position); its chunk ends at token ",
     "load_blocks_unnamed": "names no blocks in its dst_spec (None): vLLM's worker cannot run it",
     "window_last_token": "phantom hit: the connector reported",
@@ -109,6 +127,8 @@ FAULTS = {
     "session_keys_frozen": ("never offered to the manager since it", "nor an earlier one since"),
     "info_every_time": "the connector asked its manager's config_info 2 times",
     "idle_with_jobs": "the scheduler went idle while the connector tracks job(s)",
+    "info_needs_stats": "carries no tier configuration: the config-info metric never reaches",
+    "push_work_unsaid": "has_pending_push_work() answered None, not the bool it declares",
     "defer_always": "lookup (answered None) with no transfer in flight",
     "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
     "sources_unattributed": "; with full attention alone every token of the hit is loaded from",
@@ -253,6 +273,7 @@ SHARED = (
     "vllm_window_kept_tokens_load.py",
     "vllm_recurrent_hit_block_count.py",
     "vllm_drafter_tail_offered_twice.py",
+    "vllm_offload_cap_below_tail.py",
 )
 # Each script run as its own ``__main__`` in one process (vLLM imported once): its exit code
 # and last line, on the release as it is and on the mended target.
@@ -608,7 +629,8 @@ def test_the_recurrent_layout_passes_0_34_0_mended_and_catches_its_faults():
     # the copies skipped are seen by the next batch that computes with the block, or by the
     # next store that reads it, whichever runs first
     why = got["skip_block_copies"]["why"]
-    assert " computes with GPU block " in why or "(never written): nothing wrote it" in why, got
+    seen = (" computes with GPU block ", "(never written): nothing wrote it", " read GPU block ")
+    assert any(sign in why for sign in seen), got
     assert got["phantom_hit"]["why"].startswith("phantom hit: the connector reported "), got
     assert "the recurrent state after it" in got["phantom_hit"]["why"], got
     assert "continues its recurrent state from " in got["load_one_group"]["why"], got

@@ -67,6 +67,9 @@ class Setup:
     layout: Layout = FULL_ATTENTION  # the model's KV-cache groups (layouts.py)
     sync_load_budget: int = 0  # bytes a step may load synchronously (0: every load async)
     self_describing: bool = False  # store events carry each chunk's tokens and parent
+    # the manager reports its stats (False: its get_stats answers None, as a manager with
+    # metrics off, or the base class, does; the connector's own stats go on)
+    manager_stats: bool = True
     # prefix_cache_retention_interval (vLLM's cache config, copied into the KV-cache config as
     # vLLM's planner does): 0 (vLLM's default) the latest replay boundary and shared-prefix
     # junctions only, ``None`` densely, N every N tokens; left unset where a release lacks it

@@ -10,6 +10,7 @@ from typing import Any
 
 from ...adapters import factory_takes
 from . import faults
+from .answer_types import watch_answers
 from .bytes_worker import BytesWorker
 from .checks import Checks
 from .configs import Setup, configs
@@ -18,9 +19,10 @@ from .event_payload import Publisher
 from .exact import ExactChecks
 from .fake_worker import FakeWorker
 from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
-from .layouts import offload_key
+from .layouts import offload_caps, offload_key
 from .load_tiers import LOAD_FROM_CPU, LOAD_TIERS
 from .lookup_metrics import LookupDelays
+from .warning_claims import WarningClaims
 
 # Every known-bad variant (tests of the checks), from the one registry that plants them.
 FAULTS = tuple(faults.FAULTS)
@@ -124,6 +126,7 @@ class VllmEngine:
         )
         front_of = self.oracle if lockstep else _Unchecked(self.adapter)
         self.front = faults.built(fault, Front)(front_of, self.adapter, real, self.checks)
+        self.front.reports_stats = setup.manager_stats
         self.connector.manager = self.front
         layout = setup.layout
         self.sched.kv_event_publisher = faults.built(fault, Publisher)(
@@ -138,6 +141,7 @@ class VllmEngine:
             describe=lambda t: self.describe(t),
         )
         self.prefixes: dict[bytes, tuple[int, ...]] = {}  # chunk key -> the prefix it names
+        self.offload_caps = offload_caps()  # the connector reads max_offload_tokens
         # req -> block hashes already learned, and the last of them
         self._learned: dict[str, tuple[int, Any]] = {}
         self._by_external: dict[tuple[Any, int], list[bytes]] = {}  # (event hash, group) -> key
@@ -152,7 +156,7 @@ class VllmEngine:
             layout=setup.layout,
             tokens_of=self._tokens_of,
             blocks_of=self._blocks_of,
-            prefix_of=self._prefix_of,
+            prefix_of=self.prefix_of,
             describe=lambda t: self.describe(t),
         )
         if not move_bytes:  # a long replay: jobs and their accounting only, no data
@@ -167,6 +171,8 @@ class VllmEngine:
         self.front.exact = self.exact
         self.lookup_delays = LookupDelays(self.connector, self.checks)
         self.error_log = ErrorLog(self.connector, self.checks)
+        self.warnings = WarningClaims(self, self.checks)
+        watch_answers(self.connector, self.checks)
         self.queue: list[_Batch] = []
         self.requests: dict[str, Any] = {}  # every request added, finished ones too
         self.transfer_params: dict[str, dict] = {}  # req -> the kv_transfer_params it was sent
@@ -192,7 +198,8 @@ class VllmEngine:
         one: below a sliding window)."""
         return tuple(list(g) for g in self.sched.kv_cache_manager.get_block_ids(req_id))
 
-    def _prefix_of(self, key: bytes) -> tuple[int, ...] | None:
+    def prefix_of(self, key: bytes) -> tuple[int, ...] | None:
+        """The prefix of tokens ``key``'s chunk ends (learned from the live requests)."""
         prefix = self.prefixes.get(key)
         if prefix is None:
             self.learn_prefixes()
@@ -244,6 +251,7 @@ class VllmEngine:
         max_tokens: int,
         max_load: int | str | None = None,
         resumable: bool = False,
+        max_offload: int | None = None,
     ) -> Any:
         """``max_load``: the request's cap on tokens loaded from the CPU tier (its
         ``kv_transfer_params``' ``max_load_tokens``, read by the connector where the release
@@ -251,7 +259,8 @@ class VllmEngine:
         ``resumable``: a streaming-input session (where the release has them,
         ``layouts.streaming_sessions``): ``req_id`` again sends the session's next input,
         whose ``tokens`` vLLM appends to the prompt after the turn's output but its last
-        sampled token."""
+        sampled token. ``max_offload``: the request's cap on tokens offloaded (its
+        ``max_offload_tokens``, where the release reads it: ``layouts.offload_caps``)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -260,6 +269,9 @@ class VllmEngine:
             self.transfer_params[req_id] = {"max_load_tokens": max_load}
         elif max_load is not None:
             self.transfer_params[req_id] = {LOAD_TIERS: [dict(e) for e in LOAD_FROM_CPU]}
+        if max_offload is not None and self.offload_caps:
+            self.transfer_params.setdefault(req_id, {})["max_offload_tokens"] = max_offload
+            self.counts["capped offloads"] += 1
         if req_id in self.transfer_params:  # the connector gets a copy: this one is the record
             extra["extra_args"] = {"kv_transfer_params": dict(self.transfer_params[req_id])}
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **extra)
@@ -357,6 +369,7 @@ class VllmEngine:
             self.exact.offered_in_time(out.num_scheduled_tokens)
             self.exact.lock_free(self.front.held, "after the step's metadata was built")
             self.error_log.check("by the time the step's metadata was built")
+            self.warnings.check("by the time the step's metadata was built")
             self.exact.after_schedule(self._unsettled() | _completed(kv_output))
             sampled = {}
             for req_id in out.num_scheduled_tokens:
@@ -391,6 +404,7 @@ class VllmEngine:
         self.exact.updated(settled=not self.queue)
         self.exact.lock_free(self.front.held, "after the scheduler applied an update")
         self.error_log.check("by the time the scheduler applied an update")
+        self.warnings.check("by the time the scheduler applied an update")
         self.worker.check_ready(self._ready)
         if self.setup.kv_events:  # with events off, nothing is announced, by design
             self.checks.check_events(self.cfg.external_hash)

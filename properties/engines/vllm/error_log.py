@@ -38,13 +38,19 @@ def _lines_of(logger: logging.Logger) -> _Lines:
     return handler
 
 
+def connector_logger(conn: Any) -> logging.Logger | None:
+    """The logger of the module that holds the connector's scheduler side."""
+    logger = getattr(sys.modules.get(type(conn).__module__), "logger", None)
+    return logger if isinstance(logger, logging.Logger) else None
+
+
 class ErrorLog:
     """Watches the logger of the connector's scheduler module for ERROR lines."""
 
     def __init__(self, conn: Any, checks: Checks):
         self.checks = checks
-        logger = getattr(sys.modules.get(type(conn).__module__), "logger", None)
-        self.lines = _lines_of(logger) if isinstance(logger, logging.Logger) else None
+        logger = connector_logger(conn)
+        self.lines = _lines_of(logger) if logger is not None else None
         self.seen = len(self.lines.lines) if self.lines is not None else 0
 
     def check(self, when: str) -> None:

@@ -19,6 +19,8 @@
 - **offered in time**: after a step's metadata is built, each request the step scheduled has
   offered every chunk its batch completes (that metadata's stores, or earlier since it last
   started at chunk 0), or loaded it, on the group that **offered at all** judges;
+- **offload capped**: a request that sent ``max_offload_tokens`` offers no chunk ending past
+  it, and the two checks below ask only for the chunks within it;
 - **offered at all**: when a request finishes that ran since it last started at chunk 0 (its
   admission, a preemption, a cache reset: the reset empties the tier, so a running request
   offers its chunks again), every chunk of its computed prefix that may be offloaded (the
@@ -41,7 +43,8 @@
 - **never idle with work**: the scheduler goes idle (no request, no push work pending) only
   when the connector tracks no transfer job (their completions come only from later steps);
 - **configuration once**: the tier's configuration (``config_info``) is asked of the manager
-  once, for the first stats payload (where the connector says it sends it once);
+  once, for the first stats payload (where the connector says it sends it once), and that
+  payload carries it, whether or not the manager reports stats of its own;
 - **metric exact**: the connector's own allocation-failure counter (which its stats carry to
   the scheduler after each update) adds up to the ``None`` answers of ``prepare_store``;
 - **the manager's lock**: every manager call of the connector comes inside the manager's lock;
@@ -69,6 +72,7 @@ from .layouts import offload_key
 from .load_tiers import told
 
 ALLOCATION_FAILURE = "vllm:kv_offload_allocation_failure"  # the connector's own counter
+CONFIG_INFO = "info"  # the stats payload's field of the tier's configuration (config_info)
 UNSPECIFIED = "external_unspecified"  # CacheHitSource's value for tokens of no known tier
 # what a request context says of its request (where the release's context has them)
 TOKEN_COUNTS = ("num_prompt_tokens", "num_tokens", "num_computed_tokens", "num_in_flight_tokens")
@@ -141,7 +145,13 @@ class ExactChecks:
         if get_stats is not None:
 
             def counted_get_stats():
+                first = not getattr(conn, pn.INFO_SENT, True)
                 stats = get_stats()
+                if first and (getattr(stats, "data", None) or {}).get(CONFIG_INFO) is None:
+                    self.checks.fail(
+                        f"the connector's first stats payload ({stats!r:.80}) carries no tier "
+                        "configuration: the config-info metric never reaches the frontend"
+                    )
                 asked = self.engine.front.calls["config_info"]
                 if hasattr(conn, pn.INFO_SENT) and asked > 1:
                     self.checks.fail(
@@ -441,6 +451,9 @@ class ExactChecks:
         the request has not been scheduled since it restarted."""
         if self.engine.setup.offload_prompt_only:
             computed = min(computed, request.num_prompt_tokens)
+        cap = self._offload_cap(request.request_id)
+        if cap is not None:
+            computed = min(computed, cap)
         who = self._who(request.request_id)
         if who not in self.ran:
             return []  # not scheduled since it last restarted (a preemption, a cache reset)
@@ -450,16 +463,31 @@ class ExactChecks:
         group = self.engine.setup.layout.checked_offers
         if group is None:
             return []
-        keys = self._keys(request, group)[: computed // self.chunk_tokens]
+        every = self._keys(request, group)
+        keys = every[: computed // self.chunk_tokens]
         loaded = self.loads.get(who, set())
         # A chunk-level offloading context skips the chunks a load covered, and the GPU hits
-        # before them: everything up to the last chunk loaded.
-        upto = max((i + 1 for i, k in enumerate(keys) if k in loaded), default=0)
+        # before them: everything up to the last chunk loaded (which may lie past a cap).
+        upto = max((i + 1 for i, k in enumerate(every) if k in loaded), default=0)
         return [k for k in keys[upto:] if k not in covered]
+
+    def _offload_cap(self, req_id: str) -> int | None:
+        """The request's ``max_offload_tokens``, where it sent a valid one."""
+        cap = self.engine.transfer_params.get(req_id, {}).get("max_offload_tokens")
+        return cap if type(cap) is int and cap >= 0 else None
 
     def offered(self, keys: list[bytes], ctx: Any, out: Any) -> None:
         req_id = str(getattr(ctx, "req_id", ""))
         self._told_right(keys, ctx, req_id)
+        cap = self._offload_cap(req_id)
+        if cap is not None:
+            ends = {k: len(p) for k in keys if (p := self.engine.prefix_of(k)) is not None}
+            past = [k for k, end in ends.items() if end > cap]
+            if past:
+                self.checks.fail(
+                    f"{req_id} offered {', '.join(self.checks.name(k) for k in past)} (ending "
+                    f"at token {max(ends[k] for k in past)}), past its max_offload_tokens of {cap}"
+                )
         who = self._who(req_id)
         self.offers.setdefault(who, set()).update(keys)
         if out is None:

@@ -43,6 +43,7 @@ class FakeWorker:
         self.clock = 0  # the engine step now (the engine sets it)
         self.stats: Counter[str] = Counter()
         self.failed: set[int] = set()  # completed jobs whose copy failed (reported so)
+        self.reported_failed: set[int] = set()  # jobs reported to the connector as failed
         self.can_fail = _reports_failures()  # the release's worker metadata carries failures
 
     def receive(self, meta: Any) -> None:
@@ -132,6 +133,7 @@ class FakeWorker:
             self.started.pop(job, None)
             if job in self.failed:
                 self.failed.discard(job)
+                self.reported_failed.add(job)
                 meta.mark_completed(job, success=False)
             else:
                 meta.mark_completed(job)

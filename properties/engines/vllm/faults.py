@@ -23,7 +23,7 @@ from typing import Any
 from . import private_names as pn
 from .bytes_worker import BytesWorker
 from .event_payload import Publisher
-from .exact import ALLOCATION_FAILURE, TOKEN_COUNTS
+from .exact import ALLOCATION_FAILURE, CONFIG_INFO, TOKEN_COUNTS
 from .front import Front
 from .load_tiers import LOAD_TIERS
 from .lookup_metrics import ASYNC_DELAY
@@ -166,6 +166,14 @@ def _idle_with_jobs(conn: Any, engine: Any) -> None:
     conn.has_pending_push_work = lambda: False
 
 
+def _push_work_unsaid(conn: Any, engine: Any) -> None:
+    """``has_pending_push_work`` answers ``None``, not ``False``, while none is pending (a
+    manager's ``has_pending_work`` that returns nothing, passed on)."""
+    _need("push_work_unsaid", conn, "has_pending_push_work")
+    said = conn.has_pending_push_work
+    conn.has_pending_push_work = lambda: said() or None
+
+
 def _tiers_ignored(conn: Any, engine: Any) -> None:
     """The connector builds each request's context as if the request named no load tiers."""
     _need("tiers_ignored", conn, "on_new_request")
@@ -305,6 +313,21 @@ def _info_every_time(conn: Any, engine: Any) -> None:
     conn.get_stats = forgetting_get_stats
 
 
+def _info_needs_stats(conn: Any, engine: Any) -> None:
+    """The tier's configuration sent only beside the manager's own stats: with a manager
+    that reports none, the first payload goes out without it (and it is never sent)."""
+    _need("info_needs_stats", conn, pn.INFO_SENT, "get_stats")
+    get_stats = conn.get_stats
+
+    def info_beside_manager_stats():
+        stats = get_stats()
+        if not engine.front.reports_stats:
+            (getattr(stats, "data", None) or {}).pop(CONFIG_INFO, None)
+        return stats
+
+    conn.get_stats = info_beside_manager_stats
+
+
 def _drop_failure_metric(conn: Any, engine: Any) -> None:
     _need("drop_failure_metric", conn, "get_stats")
     get_stats = conn.get_stats
@@ -379,6 +402,20 @@ def _fence_never_drains(conn: Any, engine: Any) -> None:
     conn.update_connector_output = update_connector_output
 
 
+def _fence_warns_at_once(conn: Any, engine: Any) -> None:
+    """A cache reset's wait for its flushed jobs timed from an hour earlier (its start read on
+    another clock): the connector warns them overdue at the next step."""
+    _need("fence_warns_at_once", conn, pn.RESET_FENCE_SINCE, "reset_cache")
+    reset_cache = conn.reset_cache
+
+    def reset_cache_an_hour_early(*args, **kwargs):
+        out = reset_cache(*args, **kwargs)
+        setattr(conn, pn.RESET_FENCE_SINCE, getattr(conn, pn.RESET_FENCE_SINCE) - 3600.0)
+        return out
+
+    conn.reset_cache = reset_cache_an_hour_early
+
+
 def _positions_unrecorded(conn: Any, engine: Any) -> None:
     """Each request's context records no key's position."""
 
@@ -404,18 +441,17 @@ def _load_blocks_unnamed(conn: Any, engine: Any) -> None:
     conn.build_connector_meta = build_connector_meta
 
 
-def _ignore_max_load(conn: Any, engine: Any) -> None:
-    _need("ignore_max_load", conn, pn.REQ_STATUS, "on_new_request")
-    new_request = conn.on_new_request
+def _cap_ignored(fault: str, cap: str) -> Callable[[Any, Any], None]:
+    """The fault that drops each new request's ``cap`` (a field of its state) once read."""
 
-    def on_new_request(request):
-        new_request(request)
-        status = getattr(conn, pn.REQ_STATUS).get(request.request_id)
-        if status is not None:
-            _need("ignore_max_load", status, "max_load_tokens")
-            status.max_load_tokens = None
+    def plant(conn: Any, engine: Any) -> None:
+        def drop(request: Any, status: Any) -> None:
+            _need(fault, status, cap)
+            setattr(status, cap, None)
 
-    conn.on_new_request = on_new_request
+        _after_new_request(fault, conn, drop)
+
+    return plant
 
 
 def _window_last_token(conn: Any, engine: Any) -> None:
@@ -562,13 +598,25 @@ FAULTS: dict[str, Fault] = {
         CONNECTOR,
         _fence_never_drains,
     ),
+    "fence_warns_at_once": Fault(
+        "a reset's flushed jobs warned overdue at once", CONNECTOR, _fence_warns_at_once
+    ),
     "positions_unrecorded": Fault(
         "no request context records its keys' positions", CONNECTOR, _positions_unrecorded
     ),
     "load_blocks_unnamed": Fault(
         "each load job sent to the worker naming no GPU blocks", CONNECTOR, _load_blocks_unnamed
     ),
-    "ignore_max_load": Fault("a request's max_load_tokens never read", CONNECTOR, _ignore_max_load),
+    "ignore_max_load": Fault(
+        "a request's max_load_tokens never read",
+        CONNECTOR,
+        _cap_ignored("ignore_max_load", "max_load_tokens"),
+    ),
+    "ignore_max_offload": Fault(
+        "a request's max_offload_tokens never read",
+        CONNECTOR,
+        _cap_ignored("ignore_max_offload", "max_offload_tokens"),
+    ),
     "drop_failure_metric": Fault(
         "one failed store allocation never reaches the connector's metric",
         CONNECTOR,
@@ -602,6 +650,12 @@ FAULTS: dict[str, Fault] = {
         "the connector never says it has work pending: idle with jobs in flight",
         CONNECTOR,
         _idle_with_jobs,
+    ),
+    "info_needs_stats": Fault(
+        "the configuration sent only beside the manager's stats", CONNECTOR, _info_needs_stats
+    ),
+    "push_work_unsaid": Fault(
+        "no pending push work said as None, not False", CONNECTOR, _push_work_unsaid
     ),
     "context_frozen": Fault(
         "each request's context keeps its arrival's token counts", CONNECTOR, _context_frozen

@@ -57,6 +57,7 @@ class Front:
         self.calls: Counter = Counter()
         self.unchecked: set[str] = set()
         self.exact: Any = None  # exact.ExactChecks, where the engine set one
+        self.reports_stats = True  # False: get_stats answers None (a manager with metrics off)
 
     @property
     def lock(self):
@@ -166,7 +167,7 @@ class Front:
         plain = self.oracle.get_stats() or {}
         self.checks.stats["skips"] += int(plain.get(STORES_SKIPPED, 0) or 0)
         raw, self.adapter.raw = self.adapter.raw, None
-        return None if raw is _NOT_ASKED else raw
+        return None if raw is _NOT_ASKED or not self.reports_stats else raw
 
     def __getattr__(self, name: str) -> Any:
         if name not in self.OPTIONAL:

@@ -249,6 +249,15 @@ def sync_loads() -> bool:
     return "sync_load_budget_bytes" in getattr(config, "_fields", ())
 
 
+def offload_caps() -> bool:
+    """Whether the connector reads a request's ``max_offload_tokens`` (its cap on the tokens
+    it offloads, from ``kv_transfer_params``)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading import scheduler
+
+    state = getattr(scheduler, "RequestOffloadState", None)
+    return "max_offload_tokens" in getattr(state, "__annotations__", {})
+
+
 def streaming_sessions() -> bool:
     """Whether the release runs streaming-input sessions (a resumable request whose later
     inputs, sent under its id, extend its prompt)."""

@@ -118,6 +118,8 @@ LABELS = {
     "CPU hit": lambda e: e.get("servable hits", 0) > 0,
     "lookup deferred": lambda e: e.get("deferred lookups timed", 0) > 0,
     "load capped by max_load_tokens": lambda e: e.get("capped hits", 0) > 0,
+    "offload capped by max_offload_tokens": lambda e: e.get("capped offloads", 0) > 0,
+    "manager without stats": lambda e: e["rule"] == "setup" and not e["stats"],
     "stale completion dropped": lambda e: e.get("stale completions", 0) > 0,
     "flush": lambda e: e.get("flushes", 0) > 0,
     "reset": lambda e: e["rule"] == "reset",
@@ -208,6 +210,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         sync_load=0,
         self_describing=False,
         retention=0,
+        manager_stats=True,
     ):
         """The set-up rule (``make_machine`` declares it, with its strategies)."""
         self.setup_ = Setup(
@@ -224,6 +227,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             sync_load_budget=sync_load,
             self_describing=self_describing and kv_events,
             retention=retention,
+            manager_stats=manager_stats,
         )
         with vllm_raises("building the scheduler and its connector"):
             self.engine = VllmEngine(
@@ -240,7 +244,13 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self.engine.engine_clock = False  # a divergence names the machine's step
         self.rule_no = 0
         self.record(
-            "setup", **{"async": async_scheduling, "events": kv_events, "layout": layout.name}
+            "setup",
+            **{
+                "async": async_scheduling,
+                "events": kv_events,
+                "layout": layout.name,
+                "stats": manager_stats,
+            },
         )
 
     # ------------------------------------------------------------------ names
@@ -281,8 +291,10 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         max_tokens=st.integers(1, 4),
         max_load=st.sampled_from([None, None, CPU_ONLY, 0, 2, 4]),
         repeat=st.sampled_from([0, 0, 1, 2, -1]),
+        # its cap on the tokens offloaded (max_offload_tokens), where the release reads one
+        max_offload=st.sampled_from([None, None, None, 0, 3, 4]),
     )
-    def add_request(self, blocks, tail, max_tokens, max_load=None, repeat=0):
+    def add_request(self, blocks, tail, max_tokens, max_load=None, repeat=0, max_offload=None):
         self._next_rule()
         self.next_id += 1
         req_id = f"r{self.next_id}"
@@ -293,7 +305,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self.prompts.append(blocks)
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
         with vllm_raises("add_request", self.engine.checks):
-            self.engine.add_request(req_id, tokens, max_tokens, max_load)
+            self.engine.add_request(req_id, tokens, max_tokens, max_load, max_offload=max_offload)
         self.live.append(req_id)
         self._learn_names()
         self._record("add_request")
@@ -633,6 +645,9 @@ def make_machine(
             sync_load=sync,
             self_describing=st.booleans(),
             retention=retention,
+            # a manager with its metrics off (get_stats answers None): the connector's own
+            # stats, and the tier's configuration on the first payload, go on without them
+            manager_stats=st.sampled_from([True, True, False]),
         )
         def setup(self, **drawn):
             self._configure(**drawn)

@@ -45,6 +45,7 @@ NEW = ("0.33.0", "0.34.0")
 REQ_STATUS = "_req_status"  # req_id -> the request's offloading state
 JOBS = "_jobs"  # job id -> the transfer job it tracks
 RESET_FENCE = "_reset_fence"  # a reset waiting for its flushed jobs
+RESET_FENCE_SINCE = "_reset_fence_since"  # when that wait began (time.monotonic())
 PENDING_JOBS = "_block_id_to_pending_jobs"  # GPU block -> the jobs fencing it
 CHUNKS_LOADING = "_chunks_being_loaded"
 ACQUIRE_STEP = "_acquire_step"  # its presence: the connector holds the manager's lock
@@ -94,6 +95,7 @@ NAMES: tuple[Private, ...] = (
         "exact.py (deferred for a cause, nothing left behind); fault fence_never_drains",
         absent_in=OLD,
     ),
+    Private(RESET_FENCE_SINCE, CONNECTOR, "fault fence_warns_at_once", absent_in=OLD),
     Private(PENDING_JOBS, CONNECTOR, "exact.py (nothing left behind)"),
     Private(CHUNKS_LOADING, CONNECTOR, "exact.py (nothing left behind)", absent_in=("0.21.0",)),
     Private(
