@@ -133,6 +133,7 @@ FAULTS = {
     "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
     "sources_unattributed": "; with full attention alone every token of the hit is loaded from",
     "context_frozen": "the manager's context of ",
+    "context_dies_with_request": " when the request finished and says nothing (KeyError) after",
     "tiers_ignored": "lets it load from cpu/local, cpu/remote, storage/local",
     # self-describing KV events (properties/engines/vllm/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",

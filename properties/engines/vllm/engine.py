@@ -402,6 +402,7 @@ class VllmEngine:
         self.sched.update_from_output(batch.output, ModelRunnerOutput(**kwargs))
         self.checks.reported(batch.stores)
         self.exact.updated(settled=not self.queue)
+        self.exact.kept_after_finish("after the scheduler applied an update")
         self.exact.lock_free(self.front.held, "after the scheduler applied an update")
         self.error_log.check("by the time the scheduler applied an update")
         self.warnings.check("by the time the scheduler applied an update")

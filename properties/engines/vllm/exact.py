@@ -26,6 +26,9 @@
   offers its chunks again), every chunk of its computed prefix that may be offloaded (the
   prompt's, with ``offload_prompt_only``) was offered since then, or loaded (the connector's
   final offer comes in the step after the request ends);
+- **kept after finish**: a finished request's context goes on saying the token counts it said
+  when the manager heard the request finished, after the connector dropped the request (a
+  tier's deferred callback reads it then);
 - **told right**: the manager hears of a request (``on_new_request``) before any call names its
   context, and the context says what the request is: its prompt's length, its tokens while it
   runs, each key it offers at the position its chunk ends (a key with no position is told
@@ -103,6 +106,7 @@ class ExactChecks:
         self.in_reset = False
         self.ran: set[tuple] = set()  # (req, generation, epoch) scheduled at least once
         self.unsettled = 0  # manager lookups answered neither hit nor miss
+        self.frozen: dict[str, tuple[Any, dict]] = {}  # finished req -> (context, its counts)
         self.stats = checks.stats
         self._wrap()
 
@@ -378,6 +382,7 @@ class ExactChecks:
     def new_request(self, ctx: Any) -> None:
         req_id = str(getattr(ctx, "req_id", ""))
         self.announced.add(req_id)
+        self.frozen.pop(req_id, None)  # a session's next input: the request lives again
         wrong = told(ctx, self.engine.transfer_params.get(req_id))
         if wrong:
             self.checks.fail(wrong)
@@ -405,10 +410,12 @@ class ExactChecks:
         """``on_request_finished``, from the step after the request ended (not from a cache
         reset, which ends requests whose finish-time offer never came): every chunk of its
         computed, offloadable prefix was offered since it last restarted at chunk 0 (a
-        preemption, a reset), or loaded."""
+        preemption, a reset), or loaded. What its context says now is what it must go on
+        saying (``kept_after_finish``)."""
+        req_id = str(getattr(ctx, "req_id", ""))
+        self.frozen[req_id] = (ctx, _counts_of(ctx))
         if self.in_reset:
             return
-        req_id = str(getattr(ctx, "req_id", ""))
         request = self.engine.requests.get(req_id)
         if request is None:
             return
@@ -424,6 +431,20 @@ class ExactChecks:
                 f"{', '.join(self.checks.name(k) for k in missed)} never offered to the "
                 "manager since it last started at chunk 0"
             )
+
+    def kept_after_finish(self, when: str) -> None:
+        """A finished request's context goes on saying the token counts it said when the
+        manager heard the request finished, after the connector dropped the request too: a
+        tier's deferred callback (a store that completes later) reads it then."""
+        for req_id, (ctx, said) in list(self.frozen.items()):
+            now = _counts_of(ctx)
+            if now != said:
+                field = next(f for f in said if now[f] != said[f])
+                del self.frozen[req_id]
+                self.checks.fail(
+                    f"the manager's context of {req_id} said {field} {said[field]} when the "
+                    f"request finished and says {now[field]} {when}"
+                )
 
     def offered_in_time(self, scheduled: Any) -> None:
         """After a step's metadata is built: each request the step scheduled has offered
@@ -507,13 +528,7 @@ class ExactChecks:
         request = self.engine.sched.requests.get(req_id)
         if request is None:
             return True
-        for field in TOKEN_COUNTS:
-            if not hasattr(type(ctx), field):  # a release whose context has no token counts
-                continue
-            try:
-                said = getattr(ctx, field)
-            except Exception as exc:
-                said = f"nothing ({type(exc).__name__})"
+        for field, said in _counts_of(ctx).items():
             if said != getattr(request, field):
                 self.checks.fail(
                     f"the manager's context of {req_id} says {field} {said} at {call}; the "
@@ -631,3 +646,15 @@ class ExactChecks:
                 f"the connector marks {self.checks.name(bytes(left[0]))} as being loaded with "
                 "no load in flight"
             )
+
+
+def _counts_of(ctx: Any) -> dict[str, Any]:
+    """What a request context says of its request's token counts (those its release has)."""
+    out: dict[str, Any] = {}
+    for field in TOKEN_COUNTS:
+        if hasattr(type(ctx), field):
+            try:
+                out[field] = getattr(ctx, field)
+            except Exception as exc:
+                out[field] = f"nothing ({type(exc).__name__})"
+    return out

@@ -222,6 +222,27 @@ def _context_frozen(conn: Any, engine: Any) -> None:
     _after_new_request("context_frozen", conn, freeze)
 
 
+def _context_dies_with_request(conn: Any, engine: Any) -> None:
+    """Each request's context reads its token counts from the connector's state of the
+    request, live, with nothing kept at its finish: once the connector drops the request, a
+    read raises."""
+
+    def live(request, status):  # untyped, as the wrappers of the other faults
+        _need("context_dies_with_request", status, "req")
+        ctx, req_id = getattr(status, "req_context", None), request.request_id
+        if ctx is None:
+            return
+        kind = type(ctx)
+
+        def reader(field: str) -> property:
+            return property(lambda _self: getattr(getattr(conn, pn.REQ_STATUS)[req_id].req, field))
+
+        fields = {f: reader(f) for f in TOKEN_COUNTS if hasattr(kind, f)}
+        ctx.__class__ = type(f"Live{kind.__name__}", (kind,), fields)
+
+    _after_new_request("context_dies_with_request", conn, live)
+
+
 def _session_keys_frozen(conn: Any, engine: Any) -> None:
     """A streaming session keyed by its first input alone: once a later input grows its
     prompt, the connector stops taking its block hashes as keys."""
@@ -659,6 +680,11 @@ FAULTS: dict[str, Fault] = {
     ),
     "context_frozen": Fault(
         "each request's context keeps its arrival's token counts", CONNECTOR, _context_frozen
+    ),
+    "context_dies_with_request": Fault(
+        "a finished request's context unreadable once the connector drops it",
+        CONNECTOR,
+        _context_dies_with_request,
     ),
     "session_keys_frozen": Fault(
         "a streaming session keyed by its first input alone", CONNECTOR, _session_keys_frozen
