@@ -121,7 +121,7 @@ class ExactChecks:
             got = original(request, num_computed_tokens, *args, **kwargs)
             hit = got[0] if isinstance(got, tuple) else got
             if hit is None and self.unsettled == unsettled:
-                self._deferred_for_nothing(request)
+                self._deferred_for_nothing(request, num_computed_tokens, want)
             self._judge_hit(request, num_computed_tokens, hit, want)
             return got
 
@@ -317,21 +317,37 @@ class ExactChecks:
         if getattr(answer, "name", None) not in ("HIT", "MISS") and not isinstance(answer, int):
             self.unsettled += 1
 
-    def _deferred_for_nothing(self, request: Any) -> None:
+    def _deferred_for_nothing(self, request: Any, num_computed: int, want: int) -> None:
         """A lookup answered ``None`` while every manager lookup in it was settled: only a
-        transfer the connector tracks (or a reset's flushed jobs) can change the answer."""
-        conn = self.conn
+        transfer of the request's own, or a load of a chunk its hit needs, can change the
+        answer (where the release says what it loads: else any transfer it tracks)."""
+        conn, req_id = self.conn, request.request_id
         if not hasattr(conn, pn.JOBS):
             return  # a release that does not say what it tracks
-        if (
-            getattr(conn, pn.JOBS)
-            or getattr(conn, pn.RESET_FENCE, None)
-            or self.engine.worker.in_flight
+        jobs = getattr(conn, pn.JOBS)
+        loading = getattr(conn, pn.CHUNKS_LOADING, None)
+        if not hasattr(conn, pn.CHUNKS_LOADING):
+            if jobs or getattr(conn, pn.RESET_FENCE, None) or self.engine.worker.in_flight:
+                return
+        elif any(getattr(j, "req_id", None) == req_id for j in jobs.values()) or any(
+            r == req_id for _, r in self.engine.worker.in_flight.values()
         ):
             return
+        elif loading:
+            # the chunks its hit spans, every group's (beside a recurrent group, whose hit is
+            # judged servable only, every chunk from the first not computed)
+            first = num_computed // self.chunk_tokens
+            span = max(want, self.conservative or 0)
+            end = None
+            if self.engine.setup.layout.recurrent is None:
+                end = -(-(num_computed + span) // self.chunk_tokens)
+            groups = range(len(self.engine.setup.layout.windows))
+            if any(k in loading for g in groups for k in self._keys(request, g)[first:end]):
+                return
         self.checks.fail(
-            f"the connector deferred {request.request_id}'s lookup (answered None) with no "
-            "transfer in flight and every manager lookup settled: nothing can change its answer"
+            f"the connector deferred {req_id}'s lookup (answered None) with every manager "
+            "lookup settled, no transfer of its own in flight and no chunk of its hit "
+            f"({want} token(s)) being loaded: nothing it waits for can change its answer"
         )
 
     def _judge_hit(self, request, num_computed, hit, want) -> None:

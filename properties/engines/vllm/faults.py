@@ -148,6 +148,13 @@ def _defer_always(conn: Any, engine: Any) -> None:
     _on_hits(conn, lambda hit: hit if hit else None)
 
 
+def _defer_for_others(conn: Any, engine: Any) -> None:
+    """A lookup deferred while any request's transfer is in flight, not only its own or a
+    load of a chunk its hit needs: requests wait on traffic they share nothing with."""
+    _need("defer_for_others", conn, pn.JOBS, "get_num_new_matched_tokens")
+    _on_hits(conn, lambda hit: None if getattr(conn, pn.JOBS) else hit)
+
+
 def _on_hits(conn: Any, change: Callable[[Any], Any]) -> None:
     """``get_num_new_matched_tokens`` answers ``change(hit)`` for the hit it found."""
     matched = conn.get_num_new_matched_tokens
@@ -596,6 +603,9 @@ FAULTS: dict[str, Fault] = {
     "phantom_hit": Fault("one chunk more reported than the tier holds", CONNECTOR, _phantom_hit),
     "defer_always": Fault(
         "a lookup with no hit is deferred: the request waits for nothing", CONNECTOR, _defer_always
+    ),
+    "defer_for_others": Fault(
+        "a lookup deferred while another request's transfer runs", CONNECTOR, _defer_for_others
     ),
     "reoffer": Fault(
         "the stored-chunk index never advances: every chunk offered again each step",
