@@ -10,8 +10,8 @@
   the capped length, as 0.33.0's does, is accepted: a smaller hit, never wrong KV); beside a
   recurrent (Mamba) group a hit is judged servable, not longest (layouts.py);
 - **deferred for a cause**: a lookup answers ``None`` (ask again later) only while something
-  can change the answer: a transfer job the connector tracks or a reset still waiting for its
-  flushed jobs, or a manager lookup in that call that answered neither hit nor miss (a chunk
+  it waits for can change the answer: a transfer job of the request's own, a load of a chunk
+  its hit spans, or a manager lookup in that call that answered neither hit nor miss (a chunk
   still being stored); with nothing in flight a deferred request waits forever;
 - **offered once**: a chunk a request offered and the manager accepted (``prepare_store`` did
   not answer ``None``) is not offered again by that request until it is preempted or the cache
