@@ -335,14 +335,15 @@ class ExactChecks:
             return
         elif loading:
             # the chunks its hit spans, every group's (beside a recurrent group, whose hit is
-            # judged servable only, every chunk from the first not computed)
-            first = num_computed // self.chunk_tokens
-            span = max(want, self.conservative or 0)
-            end = None
-            if self.engine.setup.layout.recurrent is None:
-                end = -(-(num_computed + span) // self.chunk_tokens)
+            # judged servable only and may end inside a chunk: every block hash's key)
             groups = range(len(self.engine.setup.layout.windows))
-            if any(k in loading for g in groups for k in self._keys(request, g)[first:end]):
+            if self.engine.setup.layout.recurrent is not None:
+                spans = [self._keys(request, g, every_hash=True) for g in groups]
+            else:
+                first = num_computed // self.chunk_tokens
+                end = -(-(num_computed + max(want, self.conservative or 0)) // self.chunk_tokens)
+                spans = [self._keys(request, g)[first:end] for g in groups]
+            if any(k in loading for keys in spans for k in keys):
                 return
         self.checks.fail(
             f"the connector deferred {req_id}'s lookup (answered None) with every manager "
