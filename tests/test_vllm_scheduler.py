@@ -136,6 +136,7 @@ FAULTS = {
     "context_frozen": "the manager's context of ",
     "context_dies_with_request": " when the request finished and says nothing (KeyError) after",
     "tiers_ignored": "lets it load from cpu/local, cpu/remote, storage/local",
+    "tier_filter_unset": " carries no tier filter (None); the request's kv_load_tiers is ",
     # self-describing KV events (properties/engines/vllm/event_payload.py)
     "shifted_payload": "a store event of the CPU tier describes the chunk ending ",
     # the connector's error log (properties/engines/vllm/error_log.py)

@@ -415,6 +415,9 @@ class ExactChecks:
                 "that request"
             )
         self._counts_right(ctx, req_id, call)
+        wrong = told(ctx, self.engine.transfer_params.get(req_id))  # at every call, too
+        if wrong:
+            self.checks.fail(f"{wrong} (at {call})")
 
     def _who(self, req_id: str) -> tuple:
         return (req_id, self.checks.generation, self.epoch.get(req_id, 0))

@@ -229,6 +229,19 @@ def _context_frozen(conn: Any, engine: Any) -> None:
     _after_new_request("context_frozen", conn, freeze)
 
 
+def _tier_filter_unset(conn: Any, engine: Any) -> None:
+    """Each request's context built with no tier filter (``None``) where its request names
+    the tiers it may load from."""
+
+    def unset(request, status):  # untyped, as the wrappers of the other faults
+        ctx = getattr(status, "req_context", None)
+        if ctx is not None and LOAD_TIERS in (request.kv_transfer_params or {}):
+            _need("tier_filter_unset", ctx, "load_tier_filter")
+            ctx.load_tier_filter = None
+
+    _after_new_request("tier_filter_unset", conn, unset)
+
+
 def _context_dies_with_request(conn: Any, engine: Any) -> None:
     """Each request's context reads its token counts from the connector's state of the
     request, live, with nothing kept at its finish: once the connector drops the request, a
@@ -690,6 +703,11 @@ FAULTS: dict[str, Fault] = {
     ),
     "context_frozen": Fault(
         "each request's context keeps its arrival's token counts", CONNECTOR, _context_frozen
+    ),
+    "tier_filter_unset": Fault(
+        "a context with no tier filter for a request that names tiers",
+        CONNECTOR,
+        _tier_filter_unset,
     ),
     "context_dies_with_request": Fault(
         "a finished request's context unreadable once the connector drops it",

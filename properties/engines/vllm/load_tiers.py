@@ -61,9 +61,14 @@ def told(ctx: Any, params: dict | None) -> str | None:
     """What is wrong with the tiers the manager's context allows a request whose client sent
     ``params`` as its ``kv_transfer_params``; None if nothing (or the release's context
     carries no tier filter)."""
-    chosen = getattr(ctx, "load_tier_filter", None)
-    if chosen is None:
+    if not hasattr(ctx, "load_tier_filter"):
         return None
+    chosen = ctx.load_tier_filter
+    if not hasattr(chosen, "allows"):  # an unset filter: no tier's answer can be read from it
+        return (
+            f"the manager's context of {ctx.req_id} carries no tier filter ({chosen!r}); "
+            f"the request's {LOAD_TIERS} is {(params or {}).get(LOAD_TIERS)!r}"
+        )
     asked = (params or {}).get(LOAD_TIERS)
     want = allowed(asked)
     if want is None:
