@@ -116,6 +116,7 @@ FAULTS = {
     "offers_a_step_late": "but neither the step's metadata nor an earlier one since",
     "fence_never_drains": "a cache reset still waits for job(s) ",
     "fence_warns_at_once": "flushed for over 60 s' by the time the step's metadata was built, but",
+    "success_warned_as_failure": "but the worker reported job ",
     "positions_unrecorded": "nowhere (no position); its chunk ends at token ",
     "load_blocks_unnamed": "names no blocks in its dst_spec (None): vLLM's worker cannot run it",
     "window_last_token": "phantom hit: the connector reported",

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import private_names as pn
 from .bytes_worker import BytesWorker
+from .error_log import connector_logger
 from .event_payload import Publisher
 from .exact import ALLOCATION_FAILURE, CONFIG_INFO, TOKEN_COUNTS
 from .front import Front
@@ -457,6 +458,23 @@ def _fence_warns_at_once(conn: Any, engine: Any) -> None:
     conn.reset_cache = reset_cache_an_hour_early
 
 
+def _success_warned_as_failure(conn: Any, engine: Any) -> None:
+    """Every job the worker reports done is logged as failed (a success flag read inverted
+    in the warning's branch alone)."""
+    _need("success_warned_as_failure", conn, "update_connector_output")
+    update = conn.update_connector_output
+    logger = connector_logger(conn)
+
+    def update_warning_each(connector_output, *args, **kwargs):
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        for job in sorted(getattr(meta, "completed_jobs", None) or ()):
+            if logger is not None and job not in engine.worker.reported_failed:
+                logger.warning("KV offload store job %d failed; dropping its chunks", job)
+        return update(connector_output, *args, **kwargs)
+
+    conn.update_connector_output = update_warning_each
+
+
 def _positions_unrecorded(conn: Any, engine: Any) -> None:
     """Each request's context records no key's position."""
 
@@ -644,6 +662,9 @@ FAULTS: dict[str, Fault] = {
     ),
     "fence_warns_at_once": Fault(
         "a reset's flushed jobs warned overdue at once", CONNECTOR, _fence_warns_at_once
+    ),
+    "success_warned_as_failure": Fault(
+        "every job reported done logged as failed", CONNECTOR, _success_warned_as_failure
     ),
     "positions_unrecorded": Fault(
         "no request context records its keys' positions", CONNECTOR, _positions_unrecorded

@@ -13,7 +13,8 @@ whose claim kvgate can check holds (an operator acts on it: an alert, a support 
 Lines of any other wording are not judged (a release's new warning is never a false alarm).
 Checked with the ERROR lines (error_log.py), after every step's metadata and every update.
 vLLM's once-a-process warnings are made once an engine, so each example sees its own. Known-bad
-variant ``fence_warns_at_once`` in faults.py.
+variants in faults.py: ``fence_warns_at_once`` (a reset's jobs overdue at once),
+``success_warned_as_failure`` (every job done logged as failed).
 """
 
 from __future__ import annotations
