@@ -20,7 +20,7 @@ from .exact import ExactChecks
 from .fake_worker import FakeWorker
 from .front import Front, _Unchecked, build_oracle, manager_factory, spec_config_info
 from .layouts import offload_caps, offload_key
-from .load_tiers import LOAD_FROM_CPU, LOAD_TIERS
+from .load_tiers import LOAD_TIERS, TIER_LISTS
 from .lookup_metrics import LookupDelays
 from .warning_claims import WarningClaims
 
@@ -255,7 +255,8 @@ class VllmEngine:
     ) -> Any:
         """``max_load``: the request's cap on tokens loaded from the CPU tier (its
         ``kv_transfer_params``' ``max_load_tokens``, read by the connector where the release
-        has it), or ``'cpu'``: the tiers it may load from named instead (``LOAD_FROM_CPU``).
+        has it), or ``'cpu'``/``'cpu-last'``: the tiers it may load from named instead
+        (``load_tiers.TIER_LISTS``).
         ``resumable``: a streaming-input session (where the release has them,
         ``layouts.streaming_sessions``): ``req_id`` again sends the session's next input,
         whose ``tokens`` vLLM appends to the prompt after the turn's output but its last
@@ -268,7 +269,7 @@ class VllmEngine:
         if isinstance(max_load, int):
             self.transfer_params[req_id] = {"max_load_tokens": max_load}
         elif max_load is not None:
-            self.transfer_params[req_id] = {LOAD_TIERS: [dict(e) for e in LOAD_FROM_CPU]}
+            self.transfer_params[req_id] = {LOAD_TIERS: [dict(e) for e in TIER_LISTS[max_load]]}
         if max_offload is not None and self.offload_caps:
             self.transfer_params.setdefault(req_id, {})["max_offload_tokens"] = max_offload
             self.counts["capped offloads"] += 1

@@ -149,6 +149,7 @@ class Front:
         return self._through("on_new_request", req_context)
 
     def on_request_finished(self, req_context):
+        self._named("on_request_finished", req_context)
         if self.exact is not None:
             self.exact.finished(req_context)
         return self._through("on_request_finished", req_context)

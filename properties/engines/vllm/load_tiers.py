@@ -17,8 +17,13 @@ from typing import Any
 
 LOAD_TIERS = "kv_load_tiers"  # the key of kv_transfer_params
 # What a machine's request with max_load='cpu' names: the local CPU tier, beside an entry for
-# a medium no release knows (skipped).
+# a medium no release knows (skipped); with 'cpu-last', entries a release skips first (an
+# unknown medium, an unknown locality): a skipped entry must not end its reading of the list.
 LOAD_FROM_CPU = ({"medium": "cpu", "locality": "local"}, {"medium": "tape"})
+TIER_LISTS = {
+    "cpu": LOAD_FROM_CPU,
+    "cpu-last": ({"medium": "tape"}, {"medium": "cpu", "locality": "orbit"}, LOAD_FROM_CPU[0]),
+}
 
 
 def _named(entry: dict, field: str, kinds: Any) -> Any:

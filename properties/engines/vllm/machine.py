@@ -85,7 +85,8 @@ __all__ = [
 
 POOL = {"A": (1, 1), "B": (2, 2), "C": (3, 3)}  # block contents (BLOCK_SIZE tokens each)
 TAIL_TOKEN = 5
-CPU_ONLY = "cpu"  # a request that names the tiers it loads from (load_tiers.LOAD_FROM_CPU)
+CPU_ONLY = "cpu"  # a request that names the tiers it loads from (load_tiers.TIER_LISTS)
+CPU_LAST = "cpu-last"  # the same tiers, the entry a release skips first
 LETTERS: dict[tuple[int, ...], str] = {tokens: letter for letter, tokens in POOL.items()}
 MAX_LIVE = 4
 MAX_BLOCKS = 6  # blocks of a prompt that repeats an earlier one
@@ -289,7 +290,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         blocks=st.text(alphabet="ABC", min_size=1, max_size=4),
         tail=st.integers(0, 1),
         max_tokens=st.integers(1, 4),
-        max_load=st.sampled_from([None, None, CPU_ONLY, 0, 2, 4]),
+        max_load=st.sampled_from([None, None, CPU_ONLY, 0, 2, 4, CPU_LAST]),
         repeat=st.sampled_from([0, 0, 1, 2, -1]),
         # its cap on the tokens offloaded (max_offload_tokens), where the release reads one
         max_offload=st.sampled_from([None, None, None, 0, 3, 4]),
