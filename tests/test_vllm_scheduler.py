@@ -144,6 +144,7 @@ FAULTS = {
     "false_recovery": "the connector logged an error by the time",
     # the connector's lookup metrics (properties/engines/vllm/lookup_metrics.py)
     "drop_async_delay": "vllm:kv_offload_lookup_async_delay_seconds histogram holds",
+    "delay_added_to_clock": "vllm:kv_offload_lookup_async_delay_seconds histogram reports ",
 }
 
 # Each probe is one process in the release environment (vLLM's import and the configs cost

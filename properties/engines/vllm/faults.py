@@ -560,6 +560,20 @@ def _drop_async_delay(conn: Any, engine: Any) -> None:
     setattr(conn, pn.OBSERVE_ASYNC_DELAY, forget_deferral)
 
 
+def _delay_added_to_clock(conn: Any, engine: Any) -> None:
+    """A deferral's delay computed as the clock plus its start, not minus."""
+    _need("delay_added_to_clock", conn, pn.OBSERVE_ASYNC_DELAY)
+    observe = getattr(conn, pn.OBSERVE_ASYNC_DELAY)
+
+    def observe_from_negated_start(req_status: Any) -> Any:
+        start = getattr(req_status, "deferred_lookup_start_time", None)
+        if start is not None:
+            req_status.deferred_lookup_start_time = -start
+        return observe(req_status)
+
+    setattr(conn, pn.OBSERVE_ASYNC_DELAY, observe_from_negated_start)
+
+
 def _false_recovery(conn: Any, engine: Any) -> None:
     _need("false_recovery", conn, pn.MANAGER_LOCKED)
     logger = getattr(sys.modules.get(type(conn).__module__), "logger", None)
@@ -749,6 +763,9 @@ FAULTS: dict[str, Fault] = {
     ),
     "drop_async_delay": Fault(
         f"a deferral closes without its {ASYNC_DELAY} observation", CONNECTOR, _drop_async_delay
+    ),
+    "delay_added_to_clock": Fault(
+        "a deferral's delay added to the clock", CONNECTOR, _delay_added_to_clock
     ),
     "false_recovery": Fault(
         "every hook outside the step logs recovering a lock no step left held",

@@ -9,15 +9,18 @@ The connector's scheduler side times its lookups and reports two histograms with
   that answers ``None`` (the tier asked for time, or a chunk it would load is being loaded) to
   the request's next lookup that answers a number, or to its finish, whichever comes first.
 
-The seconds themselves are not judged (they are wall-clock); the counts are: at every
-``get_stats`` (which hands over what was observed since the last one) the observations
-reported so far equal the lookups and the closed deferrals seen so far.
+The counts are judged exactly: at every ``get_stats`` (which hands over what was observed
+since the last one) the observations reported so far equal the lookups and the closed
+deferrals seen so far. The seconds are wall clock, so only bounded: the seconds a payload
+reports are not negative and not more than its observations times the seconds the engine
+has run (a delay measured from the wrong clock, or added where it is subtracted, is either).
 
 Its planted fault (a connector that drops an observation) is in faults.py.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import private_names as pn
@@ -36,6 +39,7 @@ class LookupDelays:
         self.want = {SYNC_DELAY: 0, ASYNC_DELAY: 0}
         self.got = {SYNC_DELAY: 0, ASYNC_DELAY: 0}
         self.deferred: set[str] = set()  # requests whose last lookup answered None
+        self.started = time.monotonic()  # no delay observed in this engine can be longer
         if hasattr(conn, pn.OBSERVE_ASYNC_DELAY) and hasattr(conn, "get_stats"):
             self._wrap()
 
@@ -66,14 +70,29 @@ class LookupDelays:
             stats = get_stats()
             reduce = getattr(stats, "reduce", None)
             if reduce is not None:
+                counts: dict[str, int] = {}
+                sums: dict[str, float] = {}
                 for name, value in reduce().items():
                     for metric in self.got:
                         if name.startswith(metric) and name.endswith("_count"):
-                            self.got[metric] += int(value)
+                            counts[metric] = counts.get(metric, 0) + int(value)
+                        elif name.startswith(metric) and name.endswith("_sum"):
+                            sums[metric] = sums.get(metric, 0.0) + float(value)
+                for metric, n in counts.items():
+                    self.got[metric] += n
+                    self._bounded(metric, n, sums.get(metric, 0.0))
             self.check()
             return stats
 
         conn.get_stats = get_stats_counted
+
+    def _bounded(self, metric: str, count: int, seconds: float) -> None:
+        ran = time.monotonic() - self.started
+        if not 0 <= seconds <= count * ran + 1e-6:
+            self.checks.fail(
+                f"the connector's {metric} histogram reports {seconds:.6g} s over {count} "
+                f"observation(s); the engine has run {ran:.3g} s"
+            )
 
     def lookup(self, req_id: str, hit: int | None) -> None:
         self.want[SYNC_DELAY] += 1

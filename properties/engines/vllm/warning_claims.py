@@ -7,8 +7,8 @@ whose claim kvgate can check holds (an operator acts on it: an alert, a support 
 - "job N failed": the worker reported job N's copy as failed;
 - "... for over N s" (a cache reset's flushed jobs overdue): N seconds of wall clock have
   passed since the first cache reset of the run;
-- "... must be a non-negative int, got V": V is not one (the machine sends only valid
-  ``kv_transfer_params``).
+- "NAME must be a non-negative int, got V": some request sent V as its NAME in its
+  ``kv_transfer_params``, and V is not one (the machine sends only valid ones).
 
 Lines of any other wording are not judged (a release's new warning is never a false alarm).
 Checked with the ERROR lines (error_log.py), after every step's metadata and every update.
@@ -32,7 +32,7 @@ from .error_log import connector_logger
 CANNOT_STORE = re.compile(r"cannot store")
 JOB_FAILED = re.compile(r"\bjob (\d+) failed")
 OVERDUE = re.compile(r"for over (\d+(?:\.\d+)?) ?s\b")
-NOT_AN_INT = re.compile(r"must be a non-negative int, got (.+?); ")
+NOT_AN_INT = re.compile(r"(\w+) must be a non-negative int, got (.+?); ")
 
 
 def _warnings_of(logger: logging.Logger) -> list[str]:
@@ -109,10 +109,14 @@ class WarningClaims:
                 )
         value = NOT_AN_INT.search(line)
         if value:
+            name = value.group(1)
             try:
-                got = ast.literal_eval(value.group(1))
+                got = ast.literal_eval(value.group(2))
             except (ValueError, SyntaxError):
                 return None
             if type(got) is int and got >= 0:
                 return f"{got} is a non-negative int"
+            sent = [p for p in self.engine.transfer_params.values() if name in p]
+            if not any(p[name] == got for p in sent):
+                return f"no request sent {name} {got!r}"
         return None
