@@ -164,7 +164,7 @@ def section(version: str, python: Path) -> tuple[str, str]:
     ]
     if through["counterexample"]:
         parts += [fence(through["counterexample"]), ""]
-    for script in sorted((ROOT / "docs" / "repro").glob("*.py")):
+    for script in sorted((ROOT / "docs" / "repro").glob("vllm_*.py")):
         rc, text, _ = run(python, str(script.relative_to(ROOT)))
         shown = "\n".join(ln for ln in text.splitlines() if "Warning" not in ln)
         parts += [
