@@ -100,7 +100,8 @@ ARGUMENTS = {
     "the cap as unset and offers the tail. The cap is documented as experimental, but it is "
     "read from any client's request, so one request can end the engine for all. The mended "
     "targets leave a hand-off past the cap unstored, as the whole-chunk stores leave the "
-    "chunks past it (`offload_cap_on_tails`).",
+    "chunks past it (`offload_cap_on_tails`); the vLLM scheduler machine draws no cap beside a "
+    "recurrent group, so that this defect does not hide the others.",
 }
 
 

@@ -56,15 +56,6 @@ from releases.vllm import (
 ALLOCATION = "vllm:kv_offload_cpu_allocation_size differs"
 
 
-def cap_before_tail(line: int) -> str:
-    """A request's max_offload_tokens before its recurrent state's hand-off boundary: both
-    releases' connectors assert, and the engine ends (docs/upstream.md)."""
-    return (
-        "vLLM raised AssertionError during an engine step, at vllm/distributed/kv_transfer/"
-        f"kv_connector/v1/offloading/scheduler.py:{line} (assert boundary <= max_boundary)"
-    )
-
-
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
 # 0.33.0's connector raises on a second cache reset before a step (docs/upstream.md; fixed in
 # 0.34.0): a defect of the release too, which the hybrid (Mamba) layout reaches
@@ -76,17 +67,12 @@ EXPECTED = {
     "0.33.0": {
         # unshrunk, the seed's bug may show first as a skip overcount (each retry's skip
         # counted: 7 where the rule says 1 on the ci run)
-        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, SKIPS, cap_before_tail(1668)},
-        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, cap_before_tail(1668)},
+        "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, SKIPS},
+        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
         "max_steps": 12,
         "cold": True,
     },
-    "0.34.0": {
-        "off": {SKIPS, cap_before_tail(1821)},
-        "drawn": {SKIPS, cap_before_tail(1821)},
-        "max_steps": 12,
-        "cold": False,
-    },
+    "0.34.0": {"off": {SKIPS}, "drawn": {SKIPS}, "max_steps": 12, "cold": False},
 }
 FAULTS = {
     "double_complete": "store jobs: complete_store with no store job reported for it",
@@ -108,7 +94,9 @@ FAULTS = {
     "reoffer": "again, after the manager accepted it, with no preemption or cache reset since",
     "skip_new_request": "before on_new_request told it of that request",
     "keep_finished": "after it finished and its transfers settled",
-    "ignore_max_load": "phantom hit: the connector reported",
+    # the uncapped hit shows as a phantom hit, or first as a deferral for a chunk past the
+    # capped hit
+    "ignore_max_load": ("phantom hit: the connector reported", "no chunk of its hit"),
     "ignore_max_offload": "past its max_offload_tokens of ",
     "drop_failure_metric": "vllm:kv_offload_allocation_failure metric reported",
     "lock_left_held": "the manager's lock is still held after the step's metadata was built",

@@ -15,6 +15,10 @@ for the target. Each names the configuration it goes to; none says what the answ
 - **a capped load**: the stored prompt again, loading at most one, then two blocks' worth of
   tokens (the connector's ``max_load_tokens``): a cap that ends inside a chunk, and one that
   ends on its boundary, beside every window.
+- **a full tier and a small tracker**: a tier of one chunk and a tracker of two keys, three
+  requests that share prefixes offered in one step: stores skipped for want of room while the
+  tracker drops keys and the requests offer them again (where the skip metric counts a key
+  once per request).
 """
 
 from __future__ import annotations
@@ -91,6 +95,15 @@ CAPPED = (
 )  # fmt: skip
 
 
+# Three requests sharing prefixes ('BA', then 'BA' and 'A', then 'A'), offered in one step
+CROWDED = (
+    _add("BA"),
+    ("add_request", dict(blocks="A", tail=0, max_tokens=1, max_load=None, repeat=1)),
+    _add("A"),
+    _step(2),
+)
+
+
 def programs(layouts: tuple, sync_load: bool) -> list[Program]:
     """Every program on every layout in ``layouts``; ``sync_load``: whether the release's
     connector has a sync-load budget."""
@@ -119,4 +132,6 @@ def programs(layouts: tuple, sync_load: bool) -> list[Program]:
                 )
             )
         out.append(_program(f"a capped load ({layout.name})", _setup(layout, 2, 1, 0), *CAPPED))
+        crowded = {**_setup(layout, 1, 2, 0), "num_chunks": 1, "tracker": 2}
+        out.append(_program(f"a full tier and a small tracker ({layout.name})", crowded, *CROWDED))
     return out

@@ -305,6 +305,11 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             blocks = (self.prompts[-repeat] + blocks)[:MAX_BLOCKS]
         self.prompts.append(blocks)
         tokens = [t for b in blocks for t in POOL[b]] + [TAIL_TOKEN] * tail
+        if self.setup_.layout.recurrent is not None:
+            # beside a recurrent group a cap makes 0.33.0 and 0.34.0 raise or offer past it
+            # (docs/upstream.md, docs/repro/vllm_offload_cap_below_tail.py): drawn apart, as the
+            # window reset, so that the releases as they are still meet their other defects
+            max_offload = None
         with vllm_raises("add_request", self.engine.checks):
             self.engine.add_request(req_id, tokens, max_tokens, max_load, max_offload=max_offload)
         self.live.append(req_id)
