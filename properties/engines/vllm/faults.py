@@ -216,16 +216,22 @@ def _after_new_request(fault: str, conn: Any, act: Callable[[Any, Any], None]) -
     conn.on_new_request = on_new_request
 
 
+def _recount(ctx: Any, name: str, read: Callable[[str], Callable[[Any], Any]]) -> None:
+    """Give ``ctx`` a class of its own whose token counts (those its class has) are read by
+    ``read(field)``."""
+    kind = type(ctx)
+    fields = {f: property(read(f)) for f in TOKEN_COUNTS if hasattr(kind, f)}
+    ctx.__class__ = type(f"{name}{kind.__name__}", (kind,), fields)
+
+
 def _context_frozen(conn: Any, engine: Any) -> None:
     """Each request's context says the token counts its request had when it arrived."""
 
     def freeze(request, status):  # untyped, as the wrappers of the other faults
         ctx = getattr(status, "req_context", None)
         if ctx is not None:
-            kind = type(ctx)
-            then = {f: getattr(ctx, f) for f in TOKEN_COUNTS if hasattr(kind, f)}
-            frozen = {f: property(lambda _self, v=v: v) for f, v in then.items()}
-            ctx.__class__ = type(f"Frozen{kind.__name__}", (kind,), frozen)
+            then = {f: getattr(ctx, f) for f in TOKEN_COUNTS if hasattr(type(ctx), f)}
+            _recount(ctx, "Frozen", lambda f: lambda _self: then[f])
 
     _after_new_request("context_frozen", conn, freeze)
 
@@ -253,13 +259,10 @@ def _context_dies_with_request(conn: Any, engine: Any) -> None:
         ctx, req_id = getattr(status, "req_context", None), request.request_id
         if ctx is None:
             return
-        kind = type(ctx)
+        _recount(ctx, "Live", lambda f: lambda _self: getattr(live_request(), f))
 
-        def reader(field: str) -> property:
-            return property(lambda _self: getattr(getattr(conn, pn.REQ_STATUS)[req_id].req, field))
-
-        fields = {f: reader(f) for f in TOKEN_COUNTS if hasattr(kind, f)}
-        ctx.__class__ = type(f"Live{kind.__name__}", (kind,), fields)
+        def live_request():
+            return getattr(conn, pn.REQ_STATUS)[req_id].req
 
     _after_new_request("context_dies_with_request", conn, live)
 
