@@ -70,6 +70,10 @@ class Setup:
     # the manager reports its stats (False: its get_stats answers None, as a manager with
     # metrics off, or the base class, does; the connector's own stats go on)
     manager_stats: bool = True
+    # the manager answers lookups as a tier that promotes from a slower one does (RETRY while
+    # it finds a chunk, HIT_PENDING while it promotes one: front.tiered_answer), where the
+    # release's lookups answer those
+    tiered: bool = False
     # prefix_cache_retention_interval (vLLM's cache config, copied into the KV-cache config as
     # vLLM's planner does): 0 (vLLM's default) the latest replay boundary and shared-prefix
     # junctions only, ``None`` densely, N every N tokens; left unset where a release lacks it
@@ -390,3 +394,15 @@ def is_vllm_target(spec: str) -> bool:
     """``vllm``, ``vllm=MODULE:ATTR``, either of them ``foreign=``."""
     spec = spec.removeprefix("foreign=")
     return spec == "vllm" or spec.startswith("vllm=")
+
+
+def tiered_lookups() -> bool:
+    """Whether the release's manager lookups can answer ``RETRY`` and ``HIT_PENDING`` (a
+    tiered manager's answers), so that a tiered manager can stand behind its connector."""
+    for module in ("vllm.v1.kv_offload.base", "vllm.v1.kv_offload.abstract"):
+        try:
+            answers = importlib.import_module(module).LookupResult
+        except (ImportError, AttributeError):
+            continue
+        return hasattr(answers, "RETRY") and hasattr(answers, "HIT_PENDING")
+    return False

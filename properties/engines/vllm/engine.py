@@ -127,6 +127,7 @@ class VllmEngine:
         front_of = self.oracle if lockstep else _Unchecked(self.adapter)
         self.front = faults.built(fault, Front)(front_of, self.adapter, real, self.checks)
         self.front.reports_stats = setup.manager_stats
+        self.front.tiered = setup.tiered
         self.connector.manager = self.front
         layout = setup.layout
         self.sched.kv_event_publisher = faults.built(fault, Publisher)(
@@ -342,7 +343,7 @@ class VllmEngine:
     def step(self) -> None:
         """One engine-core step."""
         self.steps += 1
-        self.worker.clock = self.steps
+        self.worker.clock = self.front.step = self.steps
         if self.engine_clock:
             self.oracle.set_step(self.steps)
         scheduled = False

@@ -8,7 +8,13 @@
   (its ``kv_transfer_params``) caps the load at the last chunk boundary within that many
   tokens (with a sliding-window group, a connector that also takes the window's last token off
   the capped length, as 0.33.0's does, is accepted: a smaller hit, never wrong KV); beside a
-  recurrent (Mamba) group a hit is judged servable, not longest (layouts.py);
+  recurrent (Mamba) group with no drafter the longest servable hit on a chunk boundary, or on
+  a block hash boundary below the prompt's last token (a partial tail), with chunks left
+  unsettled or being loaded taken as not ready, and a wait where those alone stand between
+  the request and a hit; with a drafter beside it a hit is judged servable (layouts.py);
+- **unsettled lookups waited for**: a hit given although a manager lookup of that call
+  answered ``HIT_PENDING`` or ``RETRY`` (a tiered manager's answers: front.tiered_answer) is
+  the hit with those chunks not readable and the same with them readable;
 - **deferred for a cause**: a lookup answers ``None`` (ask again later) only while something
   it waits for can change the answer: a transfer job of the request's own, a load of a chunk
   its hit spans, or a manager lookup in that call that answered neither hit nor miss (a chunk
@@ -106,6 +112,9 @@ class ExactChecks:
         self.in_reset = False
         self.ran: set[tuple] = set()  # (req, generation, epoch) scheduled at least once
         self.unsettled = 0  # manager lookups answered neither hit nor miss
+        self.unsettled_keys: set[bytes] = set()  # their keys, in the lookup being judged
+        self.assume: dict[bytes, bool] = {}  # readiness assumed of keys, in place of the tier's
+        self.max_new: int | None = None  # the scheduler's max_num_new_tokens, in that lookup
         self.frozen: dict[str, tuple[Any, dict]] = {}  # finished req -> (context, its counts)
         self.stats = checks.stats
         self._wrap()
@@ -117,12 +126,16 @@ class ExactChecks:
 
         def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
             want = self._expected_hit(request, num_computed_tokens, *args, **kwargs)
-            unsettled = self.unsettled
+            unsettled, self.unsettled_keys = self.unsettled, set()
             got = original(request, num_computed_tokens, *args, **kwargs)
             hit = got[0] if isinstance(got, tuple) else got
             if hit is None and self.unsettled == unsettled:
                 self._deferred_for_nothing(request, num_computed_tokens, want)
             self._judge_hit(request, num_computed_tokens, hit, want)
+            if self.engine.setup.layout.recurrent is not None:
+                self._judge_recurrent(request, num_computed_tokens, hit)
+            elif hit is not None and self.unsettled_keys:
+                self._judge_unsettled(request, num_computed_tokens, hit, args, kwargs)
             return got
 
         conn.get_num_new_matched_tokens = get_num_new_matched_tokens
@@ -234,10 +247,11 @@ class ExactChecks:
             offload_key(h, group) for i, h in enumerate(request.block_hashes) if (i + 1) % per == 0
         ]
 
-    def _partial_hit_servable(self, request, num_computed: int, hit: int) -> bool:
+    def _partial_hit_servable(self, request, num_computed: int, hit: int, is_ready=None) -> bool:
         """With a recurrent group: whether the tier holds what a hit of ``hit`` tokens after
-        ``num_computed`` needs (layouts.py); its length is not judged (which boundaries inside
-        a chunk the connector probes is its own policy), only that it is servable."""
+        ``num_computed`` needs (layouts.py; ``is_ready``: whether a key is ready, the tier's
+        word by default)."""
+        is_ready = is_ready or self.is_ready
         layout, setup = self.engine.setup.layout, self.engine.setup
         end = num_computed + hit
         keys = [self._keys(request, g, every_hash=True) for g in range(len(layout.windows))]
@@ -249,17 +263,83 @@ class ExactChecks:
             return False
 
         def ready(group: int, index: int) -> bool:
-            return index < len(keys[group]) and self.is_ready(keys[group][index])
+            return index < len(keys[group]) and is_ready(keys[group][index])
 
         start = num_computed // self.chunk_tokens
         return layout.serves_partial(end, start, self.chunk_tokens, setup.hash_size, ready)
+
+    def _longest_recurrent(self, request, num_computed: int, ready) -> tuple[int, int | None]:
+        """Beside a recurrent group, on a layout with no drafter: the longest hit the tier can
+        serve (``ready(key)``), ending on a chunk boundary below the request's last token, or
+        on a block hash boundary below its prompt's last token (a partial tail); with a
+        ``max_load_tokens`` cap, also the hit of a connector that takes the last token off
+        the capped length (as with a window: a smaller hit, never wrong KV)."""
+        setup, chunk = self.engine.setup, self.chunk_tokens
+        size = setup.hash_size
+        keyed = len(request.block_hashes) * size
+        limits = [request.num_tokens - 1, keyed]
+        if self.max_new is not None:
+            limits.append(num_computed + self.max_new)
+        cap: Any = (request.kv_transfer_params or {}).get("max_load_tokens")
+        capped = type(cap) is int and cap >= 0
+        if capped:
+            limits.append(num_computed + cap)
+
+        def longest(upto: int, prompt_end: int) -> int:
+            for end in range(upto - upto % size, num_computed, -size):
+                if end % chunk and end > prompt_end:
+                    continue
+                if self._partial_hit_servable(request, num_computed, end - num_computed, ready):
+                    return end - num_computed
+            return 0
+
+        prompt_end = request.num_prompt_tokens - 1
+        hit = longest(min(limits), prompt_end)
+        if not capped:
+            return hit, None
+        low = min(min(limits[1:]), request.num_tokens) - 1
+        return hit, longest(low, prompt_end)
+
+    def _judge_recurrent(self, request, num_computed: int, hit: int | None) -> None:
+        """Beside a recurrent group with no drafter, a hit is the longest the tier can serve
+        with every chunk a lookup of that call left unsettled (``HIT_PENDING``, ``RETRY``)
+        or another request is loading taken as not ready; no hit while such a chunk would
+        give one is a wait (``None``)."""
+        layout = self.engine.setup.layout
+        if hit is None or layout.eagle is not None:
+            return
+        unsure = self.unsettled_keys | set(getattr(self.conn, pn.CHUNKS_LOADING, None) or ())
+        want, low = self._longest_recurrent(
+            request, num_computed, lambda k: k not in unsure and self.is_ready(k)
+        )
+        if hit not in (want, low):
+            what = "a shorter" if hit < want else "a longer"
+            self.checks.fail(
+                f"{'missed' if hit < want else 'phantom'} hit: the connector reported {hit} "
+                f"loadable token(s) for {request.request_id} after {num_computed} computed on "
+                f"the GPU beside a recurrent group, {what} hit than the {want} token(s) the "
+                "CPU tier can serve then (every group's chunks ready, no chunk of it unsettled "
+                "or being loaded)"
+            )
+        elif hit == 0 and unsure:
+            could, _ = self._longest_recurrent(
+                request, num_computed, lambda k: k in unsure or self.is_ready(k)
+            )
+            if could:
+                self.checks.fail(
+                    f"missed hit: the connector reported no hit for {request.request_id} after "
+                    f"{num_computed} computed on the GPU beside a recurrent group, where a chunk "
+                    f"still being stored or loaded gives a hit of {could} token(s) once ready: "
+                    "it should have waited (None)"
+                )
 
     def _expected_hit(self, request, num_computed, max_num_new_tokens=None, *_, **kw) -> int:
         """The longest hit the CPU tier can serve now, as the layout says (layouts.py)."""
         max_num_new_tokens = kw.get("max_num_new_tokens", max_num_new_tokens)
         layout = self.engine.setup.layout
         if layout.recurrent is not None:
-            return 0  # its hits are judged servable, not longest (_partial_hit_servable)
+            self.max_new = max_num_new_tokens
+            return 0  # judged after the call, on what it looked up (_judge_recurrent)
         tokens = self.chunk_tokens
         keys = [self._keys(request, g) for g in range(len(layout.windows))]
         start = num_computed // tokens
@@ -276,7 +356,9 @@ class ExactChecks:
 
         def is_ready(group: int, chunk: int) -> bool:
             if (group, chunk) not in ready:
-                ready[(group, chunk)] = self.is_ready(keys[group][chunk])
+                key = keys[group][chunk]
+                assumed = self.assume.get(key)
+                ready[(group, chunk)] = self.is_ready(key) if assumed is None else assumed
             return ready[(group, chunk)]
 
         def longest(end: int) -> int:
@@ -290,7 +372,7 @@ class ExactChecks:
             return 0
 
         hit = longest(end if capped is None else capped)
-        if capped is not None and capped < end and longest(end) > hit:
+        if capped is not None and capped < end and not self.assume and longest(end) > hit:
             self.stats["capped hits"] += 1
         self.conservative = None
         if capped is not None and layout.sliding:
@@ -312,10 +394,43 @@ class ExactChecks:
                 f"the scheduler shut down and its connector's manager heard shutdown {told} time(s)"
             )
 
-    def looked_up(self, answer: Any) -> None:
+    def looked_up(self, answer: Any, key: bytes = b"") -> None:
         """A manager lookup's answer (from the connector, through the front)."""
         if getattr(answer, "name", None) not in ("HIT", "MISS") and not isinstance(answer, int):
             self.unsettled += 1
+            self.unsettled_keys.add(key)
+            self.stats[f"lookups answered {getattr(answer, 'name', answer)}"] += 1
+
+    def _judge_unsettled(self, request, num_computed: int, hit: int, args, kwargs) -> None:
+        """A hit given although a lookup in the same call answered neither hit nor miss
+        (``HIT_PENDING``: held, not yet readable; ``RETRY``: ask again later): it is the hit
+        with those chunks not readable, and the hit with them readable, or the connector
+        waits (answers ``None``). A longer hit could be had by waiting; a hit over them
+        reads a chunk the tier has not said it can serve."""
+        conservative, hits = self.conservative, dict[bool, set[int]]()
+        for readable in (False, True):
+            self.assume = dict.fromkeys(self.unsettled_keys, readable)
+            try:
+                want = self._expected_hit(request, num_computed, *args, **kwargs)
+            finally:
+                self.assume = {}
+            other = self.conservative
+            hits[readable] = {want} if other is None else {want, other}
+        self.conservative = conservative
+        self.stats["hits beside unsettled lookups"] += 1
+        if hit not in hits[False]:
+            self.checks.fail(
+                f"phantom hit: the connector reported {hit} loadable token(s) for "
+                f"{request.request_id} after {num_computed} computed on the GPU, over a chunk "
+                "the manager answered HIT_PENDING or RETRY for in that lookup (not readable)"
+            )
+        elif hit not in hits[True]:
+            self.checks.fail(
+                f"missed hit: the connector reported {hit} loadable token(s) for "
+                f"{request.request_id} after {num_computed} computed on the GPU, where the "
+                "manager answered HIT_PENDING or RETRY for a chunk that makes the hit longer "
+                f"({max(hits[True])} token(s)) once readable: it should have waited (None)"
+            )
 
     def _deferred_for_nothing(self, request: Any, num_computed: int, want: int) -> None:
         """A lookup answered ``None`` while every manager lookup in it was settled: only a

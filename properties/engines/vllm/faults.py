@@ -156,6 +156,37 @@ def _defer_for_others(conn: Any, engine: Any) -> None:
     _on_hits(conn, lambda hit: None if getattr(conn, pn.JOBS) else hit)
 
 
+def _reads_answer_as(fault: str, answer: str, read_as: str) -> Callable[[Any, Any], None]:
+    """The fault by which the connector reads the manager's ``answer`` to a lookup as
+    ``read_as`` (a tiered manager's answers: the engine draws one, front.tiered_answer)."""
+
+    def plant(conn: Any, engine: Any) -> None:
+        _need(fault, conn, "manager")
+        front = conn.manager
+        looked_up = front.lookup
+
+        def lookup(key, req_context=None):
+            out = looked_up(key, req_context)
+            return getattr(type(out), read_as) if getattr(out, "name", None) == answer else out
+
+        front.lookup = lookup
+
+    return plant
+
+
+def _partial_tail_unserved(conn: Any, engine: Any) -> None:
+    """Beside a recurrent group the complete-chunk hit is served, never a partial tail past
+    it (the tails are still stored)."""
+    _need("partial_tail_unserved", conn, pn.PARTIAL_TAIL_HIT)
+    extend = getattr(conn, pn.PARTIAL_TAIL_HIT)
+
+    def complete_only(req_status, complete_hit, *args, **kwargs):
+        extend(req_status, None, *args, **kwargs)  # what it resets, with nothing to extend
+        return complete_hit
+
+    setattr(conn, pn.PARTIAL_TAIL_HIT, complete_only)
+
+
 def _on_hits(conn: Any, change: Callable[[Any], Any]) -> None:
     """``get_num_new_matched_tokens`` answers ``change(hit)`` for the hit it found."""
     matched = conn.get_num_new_matched_tokens
@@ -654,6 +685,21 @@ FAULTS: dict[str, Fault] = {
     ),
     "defer_for_others": Fault(
         "a lookup deferred while another request's transfer runs", CONNECTOR, _defer_for_others
+    ),
+    "retry_read_as_miss": Fault(
+        "a tier's RETRY read as a miss: a shorter hit, not a wait",
+        CONNECTOR,
+        _reads_answer_as("retry_read_as_miss", "RETRY", "MISS"),
+    ),
+    "pending_read_as_hit": Fault(
+        "a chunk the tier still promotes (HIT_PENDING) read as readable: no wait",
+        CONNECTOR,
+        _reads_answer_as("pending_read_as_hit", "HIT_PENDING", "HIT"),
+    ),
+    "partial_tail_unserved": Fault(
+        "beside a recurrent group no partial tail served: the complete-chunk hit below it",
+        CONNECTOR,
+        _partial_tail_unserved,
     ),
     "reoffer": Fault(
         "the stored-chunk index never advances: every chunk offered again each step",

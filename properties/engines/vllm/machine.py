@@ -63,7 +63,14 @@ from ...search.coverage import Recorded
 from ...search.rule_choice import install as install_rule_choice
 from ...targets import Target
 from . import explicit_programs
-from .configs import BLOCK_SIZE, Setup, is_vllm_target, retentions, unavailable_reason
+from .configs import (
+    BLOCK_SIZE,
+    Setup,
+    is_vllm_target,
+    retentions,
+    tiered_lookups,
+    unavailable_reason,
+)
 from .engine import FAULTS, VllmEngine
 from .layouts import (
     FULL_ATTENTION,
@@ -121,6 +128,10 @@ LABELS = {
     "load capped by max_load_tokens": lambda e: e.get("capped hits", 0) > 0,
     "offload capped by max_offload_tokens": lambda e: e.get("capped offloads", 0) > 0,
     "manager without stats": lambda e: e["rule"] == "setup" and not e["stats"],
+    "tiered manager's RETRY": lambda e: e.get("lookups answered RETRY", 0) > 0,
+    "hit beside a lookup neither hit nor miss": lambda e: (
+        e.get("hits beside unsettled lookups", 0) > 0
+    ),
     "stale completion dropped": lambda e: e.get("stale completions", 0) > 0,
     "flush": lambda e: e.get("flushes", 0) > 0,
     "reset": lambda e: e["rule"] == "reset",
@@ -212,6 +223,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
         self_describing=False,
         retention=0,
         manager_stats=True,
+        tiered=False,
     ):
         """The set-up rule (``make_machine`` declares it, with its strategies)."""
         self.setup_ = Setup(
@@ -229,6 +241,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
             self_describing=self_describing and kv_events,
             retention=retention,
             manager_stats=manager_stats,
+            tiered=tiered,
         )
         with vllm_raises("building the scheduler and its connector"):
             self.engine = VllmEngine(
@@ -251,6 +264,7 @@ class VllmSchedulerMachine(Recorded, RuleBasedStateMachine):
                 "events": kv_events,
                 "layout": layout.name,
                 "stats": manager_stats,
+                "tiered": tiered,
             },
         )
 
@@ -654,6 +668,8 @@ def make_machine(
             # a manager with its metrics off (get_stats answers None): the connector's own
             # stats, and the tier's configuration on the first payload, go on without them
             manager_stats=st.sampled_from([True, True, False]),
+            # a tiered manager's lookups (RETRY, HIT_PENDING), where the release has them
+            tiered=st.sampled_from([False, False, True]) if tiered_lookups() else st.just(False),
         )
         def setup(self, **drawn):
             self._configure(**drawn)

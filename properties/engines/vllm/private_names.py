@@ -56,6 +56,7 @@ BUILD_STORE_JOBS = "_build_store_jobs"
 BUILD_PARTIAL_TAIL_STORE_JOBS = "_build_partial_tail_store_jobs"
 SLIDING_WINDOW_GROUPS = "_sliding_window_groups"
 LOOKUP_COMPLETE_CHUNKS = "_lookup_complete_chunks"
+PARTIAL_TAIL_HIT = "_lookup_partial_tail_hit"  # extends a complete-chunk hit by a partial tail
 MANAGER_LOCKED = "_manager_locked"  # the context manager a hook enters the lock with
 OBSERVE_ASYNC_DELAY = "_maybe_observe_lookup_async_delay"
 REACHABLE_STORE_BLOCK_MASK = "_reachable_store_block_mask"
