@@ -123,6 +123,7 @@ FAULTS = {
     "retry_read_as_miss": "missed hit: the connector reported",
     "pending_read_as_hit": "phantom hit: the connector reported",
     "partial_tail_unserved": "beside a recurrent group, a shorter hit than the",
+    "handoffs_unstored": "no later request can resume from it",
     "shutdown_lost": "the scheduler shut down and its connector's manager heard shutdown 0",
     "sources_unattributed": "; with full attention alone every token of the hit is loaded from",
     "context_frozen": "the manager's context of ",

@@ -369,6 +369,7 @@ class VllmEngine:
             self.exact.preempted(out.preempted_req_ids or ())
             self.exact.scheduled(out.num_scheduled_tokens)
             self.exact.offered_in_time(out.num_scheduled_tokens)
+            self.exact.handoffs_offered()
             self.exact.lock_free(self.front.held, "after the step's metadata was built")
             self.error_log.check("by the time the step's metadata was built")
             self.warnings.check("by the time the step's metadata was built")

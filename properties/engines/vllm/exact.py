@@ -32,6 +32,9 @@
   offers its chunks again), every chunk of its computed prefix that may be offloaded (the
   prompt's, with ``offload_prompt_only``) was offered since then, or loaded (the connector's
   final offer comes in the step after the request ends);
+- **hand-offs offered**: beside a recurrent group with no drafter, each state the scheduler
+  hands off at a boundary within what the request may offload was offered, or loaded, since
+  the request last started at chunk 0, by the time the step's metadata is built;
 - **kept after finish**: a finished request's context goes on saying the token counts it said
   when the manager heard the request finished, after the connector dropped the request (a
   tier's deferred callback reads it then);
@@ -115,6 +118,7 @@ class ExactChecks:
         self.unsettled_keys: set[bytes] = set()  # their keys, in the lookup being judged
         self.assume: dict[bytes, bool] = {}  # readiness assumed of keys, in place of the tier's
         self.max_new: int | None = None  # the scheduler's max_num_new_tokens, in that lookup
+        self.handoffs: dict[str, list] = {}  # the step's recurrent state hand-offs, by request
         self.frozen: dict[str, tuple[Any, dict]] = {}  # finished req -> (context, its counts)
         self.stats = checks.stats
         self._wrap()
@@ -139,6 +143,16 @@ class ExactChecks:
             return got
 
         conn.get_num_new_matched_tokens = get_num_new_matched_tokens
+        build_meta = conn.build_connector_meta
+
+        def build_connector_meta(scheduler_output, *args, **kwargs):
+            # the scheduler drops its block state once the metadata is built: read it here
+            state = getattr(scheduler_output, "kv_connector_block_state", None)
+            offloads = getattr(state, "boundary_state_offloads", None) or {}
+            self.handoffs = {r: list(entries) for r, entries in offloads.items()}
+            return build_meta(scheduler_output, *args, **kwargs)
+
+        conn.build_connector_meta = build_connector_meta
         reset_cache = conn.reset_cache
 
         def reset_cache_watched(*args, **kwargs):
@@ -605,6 +619,42 @@ class ExactChecks:
                     "the step's metadata nor an earlier one since the request last started at "
                     "chunk 0 offered it to the manager"
                 )
+
+    def handoffs_offered(self) -> None:
+        """After a step's metadata is built: each recurrent state the scheduler handed off at
+        a boundary (``boundary_state_offloads``: a copy of the state after exactly that many
+        tokens) within what the request may offload was offered to the manager, or loaded,
+        since the request last started at chunk 0: a later request can resume from that
+        state only if it is stored (with a drafter the release's proof margin decides, so
+        not judged there)."""
+        layout = self.engine.setup.layout
+        handoffs, self.handoffs = self.handoffs, {}
+        if layout.recurrent is None or layout.eagle is not None:
+            return
+        size = self.engine.setup.hash_size
+        for req_id, entries in handoffs.items():
+            request = self.engine.sched.requests.get(req_id)
+            if request is None or req_id not in getattr(self.conn, pn.REQ_STATUS, {}):
+                continue
+            cap = request.num_prompt_tokens
+            if self._offload_cap(req_id) is not None:
+                cap = min(cap, self._offload_cap(req_id) or 0)
+            who = self._who(req_id)
+            seen = self.offers.get(who, set()) | self.loads.get(who, set())
+            keys = self._keys(request, layout.recurrent, every_hash=True)
+            for group, block_id, boundary in entries:
+                if group != layout.recurrent or not block_id or boundary > cap:
+                    continue
+                self.stats["state hand-offs"] += 1
+                key = keys[boundary // size - 1] if 0 < boundary <= len(keys) * size else None
+                if key is not None and key not in seen:
+                    self.checks.fail(
+                        f"the scheduler handed off {req_id}'s recurrent state after {boundary} "
+                        "token(s) (within what it may offload), but neither the step's metadata "
+                        "nor an earlier one since the request last started at chunk 0 offered "
+                        f"{self.checks.name(key)} to the manager: no later request can resume "
+                        "from it"
+                    )
 
     def _not_offered(self, request: Any, computed: int) -> list[bytes]:
         """The keys of the full-attention group's chunks within ``computed`` tokens (the

@@ -187,6 +187,12 @@ def _partial_tail_unserved(conn: Any, engine: Any) -> None:
     setattr(conn, pn.PARTIAL_TAIL_HIT, complete_only)
 
 
+def _handoffs_unstored(conn: Any, engine: Any) -> None:
+    """The recurrent states the scheduler hands off at a boundary are never stored."""
+    _need("handoffs_unstored", conn, pn.BUILD_PARTIAL_TAIL_STORE_JOBS)
+    setattr(conn, pn.BUILD_PARTIAL_TAIL_STORE_JOBS, lambda *args, **kwargs: {})
+
+
 def _on_hits(conn: Any, change: Callable[[Any], Any]) -> None:
     """``get_num_new_matched_tokens`` answers ``change(hit)`` for the hit it found."""
     matched = conn.get_num_new_matched_tokens
@@ -700,6 +706,9 @@ FAULTS: dict[str, Fault] = {
         "beside a recurrent group no partial tail served: the complete-chunk hit below it",
         CONNECTOR,
         _partial_tail_unserved,
+    ),
+    "handoffs_unstored": Fault(
+        "a recurrent state handed off at a boundary never stored", CONNECTOR, _handoffs_unstored
     ),
     "reoffer": Fault(
         "the stored-chunk index never advances: every chunk offered again each step",

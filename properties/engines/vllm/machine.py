@@ -129,6 +129,7 @@ LABELS = {
     "offload capped by max_offload_tokens": lambda e: e.get("capped offloads", 0) > 0,
     "manager without stats": lambda e: e["rule"] == "setup" and not e["stats"],
     "tiered manager's RETRY": lambda e: e.get("lookups answered RETRY", 0) > 0,
+    "recurrent state handed off": lambda e: e.get("state hand-offs", 0) > 0,
     "hit beside a lookup neither hit nor miss": lambda e: (
         e.get("hits beside unsettled lookups", 0) > 0
     ),
