@@ -152,6 +152,10 @@ def section(version: str, python: Path) -> tuple[str, str]:
         "ci",
     )
     through = gate_facts(text)
+    if through["steps"] and not through["why"]:
+        # not a divergence but the release's own code raising (a defect below names it)
+        first = through["counterexample"].splitlines()[1:2]
+        through["why"] = first[0].split(" during ")[0] if first else ""
     parts += [
         f"Through vLLM's own scheduler and offloading connector (`--machine vllm-scheduler`): "
         f"exit {rc} in {secs:.1f} s"

@@ -54,6 +54,10 @@ from releases.vllm import (
 # counts it again, so the manager sizes an allocation for a key only that request offered (the
 # store still fails for want of chunks, so the admitted keys agree until a later offer).
 ALLOCATION = "vllm:kv_offload_cpu_allocation_size differs"
+# the fourth defect both releases share (docs/upstream.md): a connector hit beside a recurrent
+# group counted one block short, so the step raises on the pool's last block (the mended
+# targets carry external_state_counted); drawn runs may meet it before the manager's defect
+RECURRENT_COUNT = "vLLM raised ValueError: Cannot get 1 free blocks from the pool"
 
 
 # Per release: the reasons with KV events off (vLLM's default), and with them drawn.
@@ -68,11 +72,11 @@ EXPECTED = {
         # unshrunk, the seed's bug may show first as a skip overcount (each retry's skip
         # counted: 7 where the rule says 1 on the ci run)
         "off": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, SKIPS},
-        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE},
+        "drawn": {ADMITTED, OVERCOUNT, ALLOCATION, RESET_TWICE, RECURRENT_COUNT},
         "max_steps": 12,
         "cold": True,
     },
-    "0.34.0": {"off": {SKIPS}, "drawn": {SKIPS}, "max_steps": 12, "cold": False},
+    "0.34.0": {"off": {SKIPS}, "drawn": {SKIPS, RECURRENT_COUNT}, "max_steps": 12, "cold": False},
 }
 FAULTS = {
     "double_complete": "store jobs: complete_store with no store job reported for it",
@@ -218,7 +222,7 @@ def test_each_release_gets_its_verdict_through_vllms_scheduler(version):
         return
     for run, reasons in ((off, want["off"]), (drawn, want["drawn"])):
         assert not run["passed"], run
-        assert run["why"] in reasons, run
+        assert any(run["why"].startswith(reason) for reason in reasons), run
     assert 1 <= drawn["steps"] <= want["max_steps"], drawn
     assert "kv_events=False" in "\n".join(off["program"]), off
     # Printed as engine events a person can follow: the set-up, then requests and steps.

@@ -118,6 +118,7 @@ NAMES: tuple[Private, ...] = (
         "releases/vllm_mends.py (one offer a step)",
         absent_in=("0.21.0",),
     ),
+    Private(PARTIAL_TAIL_HIT, CONNECTOR, "fault partial_tail_unserved", absent_in=(*OLD, "0.33.0")),
     Private(SLIDING_WINDOW_GROUPS, CONNECTOR, "fault window_last_token"),
     Private(LOOKUP_COMPLETE_CHUNKS, CONNECTOR, "fault window_last_token", absent_in=("0.21.0",)),
     Private(MANAGER_LOCKED, CONNECTOR, "fault false_recovery", absent_in=OLD),
