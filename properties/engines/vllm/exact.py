@@ -117,7 +117,6 @@ class ExactChecks:
         self.unsettled = 0  # manager lookups answered neither hit nor miss
         self.unsettled_keys: set[bytes] = set()  # their keys, in the lookup being judged
         self.assume: dict[bytes, bool] = {}  # readiness assumed of keys, in place of the tier's
-        self.max_new: int | None = None  # the scheduler's max_num_new_tokens, in that lookup
         self.handoffs: dict[str, list] = {}  # the step's recurrent state hand-offs, by request
         self.frozen: dict[str, tuple[Any, dict]] = {}  # finished req -> (context, its counts)
         self.stats = checks.stats
@@ -137,7 +136,8 @@ class ExactChecks:
                 self._deferred_for_nothing(request, num_computed_tokens, want)
             self._judge_hit(request, num_computed_tokens, hit, want)
             if self.engine.setup.layout.recurrent is not None:
-                self._judge_recurrent(request, num_computed_tokens, hit)
+                max_new = kwargs.get("max_num_new_tokens", args[0] if args else None)
+                self._judge_recurrent(request, num_computed_tokens, hit, max_new)
             elif hit is not None and self.unsettled_keys:
                 self._judge_unsettled(request, num_computed_tokens, hit, args, kwargs)
             return got
@@ -282,7 +282,9 @@ class ExactChecks:
         start = num_computed // self.chunk_tokens
         return layout.serves_partial(end, start, self.chunk_tokens, setup.hash_size, ready)
 
-    def _longest_recurrent(self, request, num_computed: int, ready) -> set[int]:
+    def _longest_recurrent(
+        self, request, num_computed: int, max_new: int | None, ready
+    ) -> set[int]:
         """Beside a recurrent group, on a layout with no drafter: the hits a connector may
         give. The longest the tier can serve (``ready(key)``), ending on a chunk boundary
         below the request's last token, or on a block hash boundary below its prompt's last
@@ -293,13 +295,13 @@ class ExactChecks:
         setup, chunk = self.engine.setup, self.chunk_tokens
         size = setup.hash_size
         keyed = len(request.block_hashes) * size
-        limits = [request.num_tokens - 1, keyed]
-        if self.max_new is not None:
-            limits.append(num_computed + self.max_new)
+        # the caps beside the request's own length (a capped load's reading below drops it)
+        caps = [keyed] + ([] if max_new is None else [num_computed + max_new])
         cap: Any = (request.kv_transfer_params or {}).get("max_load_tokens")
         capped = type(cap) is int and cap >= 0
         if capped:
-            limits.append(num_computed + cap)
+            caps.append(num_computed + cap)
+        upto = min(request.num_tokens - 1, *caps)
 
         def longest(upto: int, prompt_end: int) -> int:
             for end in range(upto - upto % size, num_computed, -size):
@@ -310,17 +312,20 @@ class ExactChecks:
             return 0
 
         prompt_end = request.num_prompt_tokens - 1
-        hit = longest(min(limits), prompt_end)
         # a connector may search for a partial tail only in the block after the longest
         # complete-chunk hit (0.33.0's does; 0.34.0 searches from the full-attention prefix)
-        complete = longest(min(limits), num_computed)
-        hits = {hit, longest(min(limits), min(prompt_end, num_computed + complete + chunk - 1))}
+        complete = longest(upto, num_computed)
+        hits = {
+            longest(upto, prompt_end),
+            longest(upto, min(prompt_end, num_computed + complete + chunk - 1)),
+        }
         if capped:
-            low = min(min(limits[1:]), request.num_tokens) - 1
-            hits.add(longest(low, prompt_end))
+            hits.add(longest(min(request.num_tokens, *caps) - 1, prompt_end))
         return hits
 
-    def _judge_recurrent(self, request, num_computed: int, hit: int | None) -> None:
+    def _judge_recurrent(
+        self, request, num_computed: int, hit: int | None, max_new: int | None
+    ) -> None:
         """Beside a recurrent group with no drafter, where every lookup of the call was
         settled and no chunk is being loaded: a hit is the longest the tier can serve."""
         layout = self.engine.setup.layout
@@ -332,7 +337,7 @@ class ExactChecks:
             # judged (_partial_hit_servable), longest only where all is settled
             self.stats["recurrent hits judged servable only"] += 1
             return
-        hits = self._longest_recurrent(request, num_computed, self.is_ready)
+        hits = self._longest_recurrent(request, num_computed, max_new, self.is_ready)
         want = max(hits)
         if hit not in hits:
             what = "a shorter" if hit < want else "a longer"
@@ -348,7 +353,6 @@ class ExactChecks:
         max_num_new_tokens = kw.get("max_num_new_tokens", max_num_new_tokens)
         layout = self.engine.setup.layout
         if layout.recurrent is not None:
-            self.max_new = max_num_new_tokens
             return 0  # judged after the call, on what it looked up (_judge_recurrent)
         tokens = self.chunk_tokens
         keys = [self._keys(request, g) for g in range(len(layout.windows))]
@@ -404,7 +408,7 @@ class ExactChecks:
                 f"the scheduler shut down and its connector's manager heard shutdown {told} time(s)"
             )
 
-    def looked_up(self, answer: Any, key: bytes = b"") -> None:
+    def looked_up(self, answer: Any, key: bytes) -> None:
         """A manager lookup's answer (from the connector, through the front)."""
         if getattr(answer, "name", None) not in ("HIT", "MISS") and not isinstance(answer, int):
             self.unsettled += 1
@@ -626,9 +630,9 @@ class ExactChecks:
             request = self.engine.sched.requests.get(req_id)
             if request is None or req_id not in getattr(self.conn, pn.REQ_STATUS, {}):
                 continue
-            cap = request.num_prompt_tokens
-            if self._offload_cap(req_id) is not None:
-                cap = min(cap, self._offload_cap(req_id) or 0)
+            offload_cap = self._offload_cap(req_id)
+            cap = request.num_prompt_tokens if offload_cap is None else offload_cap
+            cap = min(cap, request.num_prompt_tokens)
             who = self._who(req_id)
             seen = self.offers.get(who, set()) | self.loads.get(who, set())
             keys = self._keys(request, layout.recurrent, every_hash=True)
